@@ -1,0 +1,155 @@
+//! Command-line interface: `serve`, `mutate`, `check-config`.
+
+use std::{
+    io::{Read, Write},
+    path::PathBuf,
+    process::ExitCode,
+};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::{
+    config::{Config, ConfigError},
+    server::ServeArgs,
+    workload,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ephemeral-volume-injector",
+    version,
+    about = "Injects emptyDir, CSI inline and generic ephemeral volumes into pods from annotations"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the webhook (HTTPS) and the admin endpoints (HTTP).
+    Serve(ServeArgs),
+    /// Preview what the webhook would do to a Pod or a workload's pod template.
+    Mutate(MutateArgs),
+    /// Validate a configuration file; lists every error.
+    CheckConfig {
+        /// The configuration file (YAML).
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MutateArgs {
+    /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet, as YAML or JSON; `-` for stdin.
+    #[arg(short = 'f', long = "filename")]
+    pub file: String,
+    /// Configuration file (the same one `serve --config` reads); built-in defaults without it.
+    #[arg(long, env = "EVI_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Namespace to match rules against (default: the object's, else `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Output: the mutated object as YAML or JSON, or the RFC 6902 patch.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Yaml)]
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Yaml,
+    Json,
+    Patch,
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => crate::server::run(args),
+        Command::Mutate(args) => mutate(&args),
+        Command::CheckConfig { file } => check_config(&file),
+    }
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(cfg) => {
+            println!(
+                "{}: valid ({} profiles, {} rules, annotation prefix {})",
+                file.display(),
+                cfg.profiles.len(),
+                cfg.rules.len(),
+                cfg.prefix
+            );
+            ExitCode::SUCCESS
+        }
+        Err(ConfigError::Invalid(errors)) => {
+            eprintln!("{}: invalid configuration", file.display());
+            for e in errors {
+                eprintln!("  - {e}");
+            }
+            ExitCode::from(1)
+        }
+        Err(e @ ConfigError::Read { .. }) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn mutate(args: &MutateArgs) -> ExitCode {
+    let usage = |msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::from(2)
+    };
+    let cfg = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => return usage(format!("configuration {}: {e}", path.display())),
+        },
+        None => Config::default(),
+    };
+    let mut text = String::new();
+    let read = if args.file == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(&args.file).map(|t| text = t)
+    };
+    if let Err(e) = read {
+        return usage(format!("cannot read {}: {e}", args.file));
+    }
+    let object = match workload::parse_object(&text) {
+        Ok(o) => o,
+        Err(e) => return usage(format!("{}: {e}", args.file)),
+    };
+    let preview = match workload::preview(&cfg, &object, args.namespace.as_deref()) {
+        Ok(p) => p,
+        Err(e) => return usage(format!("{}: {e}", args.file)),
+    };
+    for w in &preview.outcome.warnings {
+        eprintln!("warning: {w}");
+    }
+    if !preview.outcome.allowed() {
+        if let Some(d) = &preview.outcome.denial {
+            eprintln!("denied ({}): {}", d.code(), d.message);
+        }
+        return ExitCode::from(1);
+    }
+    let rendered = match args.output {
+        Output::Yaml => yaml_serde::to_string(&preview.mutated).map_err(|e| e.to_string()),
+        Output::Json => serde_json::to_string_pretty(&preview.mutated).map_err(|e| e.to_string()),
+        Output::Patch => {
+            serde_json::to_string_pretty(&preview.outcome.patch).map_err(|e| e.to_string())
+        }
+    };
+    match rendered {
+        Ok(mut s) => {
+            if !s.ends_with('\n') {
+                s.push('\n');
+            }
+            if std::io::stdout().write_all(s.as_bytes()).is_err() {
+                return ExitCode::from(2);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => usage(format!("cannot print the result: {e}")),
+    }
+}

@@ -1,0 +1,546 @@
+//! The cluster-wide configuration file (SPEC §2): parsed, validated whole, then compiled into a
+//! [`Config`] the engine reads without further checks.
+
+use std::{collections::BTreeMap, path::Path};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    annotation::{
+        GrammarError, Source, VolumeKind, VolumeRequest, from_json_strict, parse_size,
+        validate_dns_label, validate_profile_name,
+    },
+    quantity::Quantity,
+};
+
+pub const DEFAULT_PREFIX: &str = "ephemeral-volumes.io";
+
+/// A configuration that failed: every problem found, each naming its place in the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnError {
+    #[default]
+    Deny,
+    Warn,
+}
+
+// === the file as written ===
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileConfig {
+    annotation_prefix: Option<String>,
+    on_error: Option<OnError>,
+    #[serde(default)]
+    profiles: BTreeMap<String, Value>,
+    #[serde(default)]
+    rules: Vec<FileRule>,
+    #[serde(default)]
+    policy: FilePolicy,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileRule {
+    name: String,
+    namespaces: Option<Vec<String>>,
+    pod_selector: Option<Value>,
+    #[serde(default)]
+    volumes: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FilePolicy {
+    allow_inline: Option<bool>,
+    types: Option<Vec<VolumeKind>>,
+    csi_drivers: Option<Vec<String>>,
+    storage_classes: Option<Vec<String>>,
+    max_size: Option<FileMaxSize>,
+    max_volumes_per_pod: Option<usize>,
+    require_size_limit: Option<bool>,
+    default_size_limit: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileMaxSize {
+    empty_dir: Option<String>,
+    memory: Option<String>,
+    ephemeral: Option<String>,
+}
+
+// === the compiled configuration ===
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub prefix: String,
+    /// `injector.<prefix>/injected`
+    pub injected_key: String,
+    /// `injector.<prefix>/error`, written when `onError: warn` admits a pod it could not serve.
+    pub error_key: String,
+    pub on_error: OnError,
+    pub profiles: BTreeMap<String, VolumeRequest>,
+    pub rules: Vec<Rule>,
+    pub policy: Policy,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub name: String,
+    pub namespaces: Option<Vec<String>>,
+    pub selector: Option<Selector>,
+    pub volumes: BTreeMap<String, VolumeRequest>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub allow_inline: bool,
+    pub types: Vec<VolumeKind>,
+    pub csi_drivers: Option<Vec<String>>,
+    pub storage_classes: Option<Vec<String>>,
+    pub max_empty_dir: Option<Quantity>,
+    pub max_memory: Option<Quantity>,
+    pub max_ephemeral: Option<Quantity>,
+    pub max_volumes_per_pod: Option<usize>,
+    pub require_size_limit: bool,
+    pub default_size_limit: Quantity,
+    pub default_size_limit_text: String,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allow_inline: true,
+            types: VolumeKind::ALL.to_vec(),
+            csi_drivers: None,
+            storage_classes: None,
+            max_empty_dir: None,
+            max_memory: None,
+            max_ephemeral: None,
+            max_volumes_per_pod: None,
+            require_size_limit: false,
+            default_size_limit: Quantity::from_bytes(10 << 30),
+            default_size_limit_text: "10Gi".to_owned(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::with_prefix(DEFAULT_PREFIX)
+    }
+}
+
+impl Config {
+    fn with_prefix(prefix: &str) -> Self {
+        Config {
+            prefix: prefix.to_owned(),
+            injected_key: format!("injector.{prefix}/injected"),
+            error_key: format!("injector.{prefix}/error"),
+            on_error: OnError::Deny,
+            profiles: BTreeMap::new(),
+            rules: Vec::new(),
+            policy: Policy::default(),
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates a whole file; any problem refuses all of it.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let file: FileConfig = if text.trim().is_empty() {
+            FileConfig::default()
+        } else {
+            yaml_serde::from_str(text).map_err(|e| ConfigError::Invalid(vec![e.to_string()]))?
+        };
+        compile(file)
+    }
+}
+
+fn compile(file: FileConfig) -> Result<Config, ConfigError> {
+    let mut errors = Vec::new();
+    let prefix = file
+        .annotation_prefix
+        .unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
+    if prefix
+        .split('.')
+        .any(|l| validate_dns_label("", l).is_err())
+        || prefix.len() > 253 - 9
+    {
+        errors.push(format!(
+            "annotationPrefix: {prefix:?} is not a DNS subdomain (it is the annotation key prefix)"
+        ));
+    }
+    let mut cfg = Config::with_prefix(&prefix);
+    cfg.on_error = file.on_error.unwrap_or_default();
+
+    for (name, value) in &file.profiles {
+        let at = format!("profiles.{name}");
+        if let Err(e) = validate_profile_name(name) {
+            errors.push(format!("{at}: {e}"));
+            continue;
+        }
+        match VolumeRequest::from_json(value) {
+            Ok(req) if matches!(req.source, Source::Profile(_)) => {
+                errors.push(format!("{at}: a profile cannot name another profile"));
+            }
+            Ok(req) => {
+                cfg.profiles.insert(name.clone(), req);
+            }
+            Err(e) => errors.push(format!("{at}: {e}")),
+        }
+    }
+
+    cfg.policy = compile_policy(file.policy, &mut errors);
+
+    for (i, rule) in file.rules.into_iter().enumerate() {
+        let at = format!("rules[{i}] ({})", rule.name);
+        let selector = match rule.pod_selector.as_ref().map(Selector::from_json) {
+            Some(Ok(s)) => Some(s),
+            Some(Err(e)) => {
+                errors.push(format!("{at}.podSelector: {e}"));
+                None
+            }
+            None => None,
+        };
+        let mut volumes = BTreeMap::new();
+        for (vol, value) in rule.volumes {
+            let vat = format!("{at}.volumes.{vol}");
+            if let Err(e) = validate_dns_label("volume name", &vol) {
+                errors.push(format!("{vat}: {e}"));
+                continue;
+            }
+            let parsed = match &value {
+                Value::String(s) => s.parse::<VolumeRequest>(),
+                other => VolumeRequest::from_json(other),
+            };
+            match parsed {
+                Ok(req) => {
+                    if let Source::Profile(p) = &req.source
+                        && !cfg.profiles.contains_key(p)
+                        && !file.profiles.contains_key(p)
+                    {
+                        errors.push(format!(
+                            "{vat}: profile {p:?} is not defined under profiles"
+                        ));
+                    }
+                    volumes.insert(vol, req);
+                }
+                Err(e) => errors.push(format!("{vat}: {e}")),
+            }
+        }
+        for ns in rule.namespaces.iter().flatten() {
+            if let Err(e) = validate_dns_label("namespace", ns) {
+                errors.push(format!("{at}.namespaces: {e}"));
+            }
+        }
+        cfg.rules.push(Rule {
+            name: rule.name,
+            namespaces: rule.namespaces,
+            selector,
+            volumes,
+        });
+    }
+
+    if errors.is_empty() {
+        Ok(cfg)
+    } else {
+        Err(ConfigError::Invalid(errors))
+    }
+}
+
+fn compile_policy(p: FilePolicy, errors: &mut Vec<String>) -> Policy {
+    let mut policy = Policy::default();
+    let mut size = |field: &str, v: Option<String>| -> Option<Quantity> {
+        let v = v?;
+        parse_size(field, &v)
+            .map_err(|e| errors.push(format!("policy.{e}")))
+            .ok()
+    };
+    if let Some(m) = p.max_size {
+        policy.max_empty_dir = size("maxSize.emptyDir", m.empty_dir);
+        policy.max_memory = size("maxSize.memory", m.memory);
+        policy.max_ephemeral = size("maxSize.ephemeral", m.ephemeral);
+    }
+    if let Some(d) = p.default_size_limit.clone()
+        && let Some(q) = size("defaultSizeLimit", Some(d.clone()))
+    {
+        policy.default_size_limit = q;
+        policy.default_size_limit_text = d;
+    }
+    policy.allow_inline = p.allow_inline.unwrap_or(true);
+    if let Some(t) = p.types {
+        policy.types = t;
+    }
+    policy.csi_drivers = p.csi_drivers;
+    policy.storage_classes = p.storage_classes;
+    policy.max_volumes_per_pod = p.max_volumes_per_pod;
+    policy.require_size_limit = p.require_size_limit.unwrap_or(false);
+    if policy.require_size_limit
+        && let Some(max) = policy.max_empty_dir
+        && policy.default_size_limit > max
+    {
+        errors.push(format!(
+            "policy.defaultSizeLimit {} exceeds policy.maxSize.emptyDir {max}",
+            policy.default_size_limit_text
+        ));
+    }
+    policy
+}
+
+// === label selectors ===
+
+/// A compiled `metav1.LabelSelector`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selector {
+    match_labels: BTreeMap<String, String>,
+    expressions: Vec<Requirement>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Requirement {
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+impl Selector {
+    fn from_json(v: &Value) -> Result<Selector, GrammarError> {
+        let sel: LabelSelector = from_json_strict("podSelector", v)?;
+        let mut expressions = Vec::new();
+        for (i, e) in sel
+            .match_expressions
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
+            let values = e.values.unwrap_or_default();
+            let at = format!("matchExpressions[{i}] ({})", e.key);
+            let req = match e.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return Err(GrammarError(format!(
+                        "{at}: operator {} needs values",
+                        e.operator
+                    )));
+                }
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return Err(GrammarError(format!(
+                        "{at}: operator {} takes no values",
+                        e.operator
+                    )));
+                }
+                "In" => Requirement::In(e.key, values),
+                "NotIn" => Requirement::NotIn(e.key, values),
+                "Exists" => Requirement::Exists(e.key),
+                "DoesNotExist" => Requirement::DoesNotExist(e.key),
+                other => {
+                    return Err(GrammarError(format!(
+                        "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                    )));
+                }
+            };
+            expressions.push(req);
+        }
+        Ok(Selector {
+            match_labels: sel.match_labels.unwrap_or_default(),
+            expressions,
+        })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.expressions.iter().all(|r| match r {
+                Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+                Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
+                Requirement::Exists(k) => labels.contains_key(k),
+                Requirement::DoesNotExist(k) => !labels.contains_key(k),
+            })
+    }
+}
+
+impl Rule {
+    pub fn matches(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.namespaces
+            .as_ref()
+            .is_none_or(|ns| ns.iter().any(|n| n == namespace))
+            && self.selector.as_ref().is_none_or(|s| s.matches(labels))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC_EXAMPLE: &str = r#"
+annotationPrefix: ephemeral-volumes.io
+onError: deny
+profiles:
+  ebs-200g:
+    mountPath: /scratch
+    ephemeral:
+      volumeClaimTemplate:
+        spec:
+          accessModes: [ReadWriteOnce]
+          storageClassName: gp3
+          resources: {requests: {storage: 200Gi}}
+  shm:
+    mountPath: /dev/shm
+    emptyDir: {medium: Memory, sizeLimit: 1Gi}
+rules:
+  - name: nextflow-scratch
+    namespaces: [nf]
+    podSelector: {matchLabels: {nextflow.io/app: nextflow}}
+    volumes:
+      scratch: {profile: ebs-200g}
+policy:
+  allowInline: true
+  types: [emptyDir, csi, ephemeral]
+  csiDrivers: [secrets-store.csi.k8s.io]
+  storageClasses: [gp3]
+  maxSize: {emptyDir: 100Gi, memory: 8Gi, ephemeral: 1Ti}
+  maxVolumesPerPod: 8
+  requireSizeLimit: false
+  defaultSizeLimit: 10Gi
+"#;
+
+    #[test]
+    fn the_spec_example_compiles() {
+        let cfg = Config::parse(SPEC_EXAMPLE).unwrap();
+        assert_eq!(cfg.injected_key, "injector.ephemeral-volumes.io/injected");
+        assert_eq!(cfg.profiles.len(), 2);
+        assert_eq!(
+            cfg.rules[0].volumes["scratch"].source,
+            Source::Profile("ebs-200g".into())
+        );
+        assert_eq!(cfg.policy.max_memory, Some("8Gi".parse().unwrap()));
+        assert_eq!(cfg.policy.max_volumes_per_pod, Some(8));
+        let labels = BTreeMap::from([("nextflow.io/app".to_owned(), "nextflow".to_owned())]);
+        assert!(cfg.rules[0].matches("nf", &labels));
+        assert!(!cfg.rules[0].matches("default", &labels));
+        assert!(!cfg.rules[0].matches("nf", &BTreeMap::new()));
+    }
+
+    #[test]
+    fn an_empty_file_is_the_default_configuration() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        assert_eq!(Config::parse("{}\n").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn a_custom_prefix_moves_the_status_domain_too() {
+        let cfg = Config::parse("annotationPrefix: volumes.example.com").unwrap();
+        assert_eq!(cfg.injected_key, "injector.volumes.example.com/injected");
+        assert_eq!(cfg.error_key, "injector.volumes.example.com/error");
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_its_place() {
+        let text = r#"
+onError: maybe
+"#;
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(e.contains("onError") || e.contains("maybe"), "{e}");
+
+        let text = r#"
+profiles:
+  Bad_Name: {mountPath: /x, emptyDir: {}}
+  typo: {mountPath: /x, emptyDir: {sizeLimt: 1Gi}}
+  loop: {profile: typo}
+rules:
+  - name: r1
+    podSelector: {matchExpressions: [{key: a, operator: Maybe}]}
+    volumes:
+      scratch: {profile: missing}
+      Bad: {profile: typo}
+policy:
+  maxSize: {emptyDir: 10GB}
+  requireSizeLimit: true
+"#;
+        let Err(ConfigError::Invalid(errors)) = Config::parse(text) else {
+            panic!()
+        };
+        let all = errors.join("\n");
+        for want in [
+            "profiles.Bad_Name: profile name",
+            "profiles.typo: unknown field emptyDir.sizeLimt",
+            "profiles.loop: a profile cannot name another profile",
+            "rules[0] (r1).podSelector: matchExpressions[0] (a): operator \"Maybe\"",
+            "rules[0] (r1).volumes.scratch: profile \"missing\" is not defined",
+            "rules[0] (r1).volumes.Bad: volume name",
+            "policy.maxSize.emptyDir: invalid quantity \"10GB\"",
+        ] {
+            assert!(all.contains(want), "missing {want:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_at_every_level() {
+        for (text, want) in [
+            ("annotationPrefx: a.io", "annotationPrefx"),
+            ("policy: {maxVolumes: 3}", "maxVolumes"),
+            ("policy: {maxSize: {disk: 1Gi}}", "disk"),
+            ("rules: [{name: a, namespace: [x]}]", "namespace"),
+            ("policy: {types: [hostPath]}", "hostPath"),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn default_size_limit_above_the_maximum_is_refused() {
+        let e = Config::parse(
+            "policy: {requireSizeLimit: true, defaultSizeLimit: 20Gi, maxSize: {emptyDir: 10Gi}}",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("defaultSizeLimit 20Gi exceeds"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn selectors_follow_kubernetes_semantics() {
+        let sel = Selector::from_json(&serde_json::json!({
+            "matchLabels": {"app": "nf"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "skip", "operator": "DoesNotExist"},
+                {"key": "env", "operator": "NotIn", "values": ["prod"]},
+            ]
+        }))
+        .unwrap();
+        let l = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(sel.matches(&l(&[("app", "nf"), ("tier", "a")])));
+        assert!(sel.matches(&l(&[("app", "nf"), ("tier", "b"), ("env", "dev")])));
+        assert!(!sel.matches(&l(&[("app", "nf"), ("tier", "c")])));
+        assert!(!sel.matches(&l(&[("app", "nf"), ("tier", "a"), ("skip", "")])));
+        assert!(!sel.matches(&l(&[("app", "nf"), ("tier", "a"), ("env", "prod")])));
+        assert!(!sel.matches(&l(&[("tier", "a")])));
+    }
+}

@@ -1,0 +1,784 @@
+//! The decision: from a pod's annotations, the matching rules and the configuration to a patch,
+//! a denial, and warnings. Pure: no I/O, no clock, no logging.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::{
+    api::core::v1::{EmptyDirVolumeSource, EnvVar, Volume, VolumeMount},
+    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
+};
+use serde_json::Value;
+
+use crate::{
+    annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
+    config::{Config, OnError},
+    patch::{PatchOp, PatchValue, escape},
+    pod::{ContainerView, PodView},
+    quantity::Quantity,
+};
+
+/// Why a pod was refused; each maps to an HTTP-style status code in the AdmissionReview.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DenyReason {
+    /// The annotation or rule entry cannot be understood (400).
+    Invalid,
+    /// Understood, but the cluster policy forbids it (403).
+    Policy,
+    /// Legal on its own, but clashes with the pod (422).
+    Conflict,
+}
+
+impl DenyReason {
+    pub fn code(self) -> u16 {
+        match self {
+            DenyReason::Invalid => 400,
+            DenyReason::Policy => 403,
+            DenyReason::Conflict => 422,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::Invalid => "invalid",
+            DenyReason::Policy => "policy",
+            DenyReason::Conflict => "conflict",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Denial {
+    pub reason: DenyReason,
+    pub message: String,
+}
+
+impl Denial {
+    pub fn code(&self) -> u16 {
+        self.reason.code()
+    }
+}
+
+/// What the engine decided for one pod.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Outcome {
+    /// The patch to return; empty when there is nothing to do.
+    pub patch: Vec<PatchOp>,
+    /// Volumes this pass adds, with their kind.
+    pub injected: Vec<(String, VolumeKind)>,
+    /// Set when the pod is refused (`onError: deny`), or admitted unchanged (`onError: warn`).
+    pub denial: Option<Denial>,
+    /// True when `denial` is only reported, the pod being admitted.
+    pub admitted_despite_error: bool,
+    pub warnings: Vec<String>,
+}
+
+impl Outcome {
+    pub fn allowed(&self) -> bool {
+        self.denial.is_none() || self.admitted_despite_error
+    }
+}
+
+/// Where the pod sits in the object being patched.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// Namespace used to match rules (the AdmissionRequest's, not the object's, which is often empty).
+    pub namespace: &'a str,
+    /// JSON pointer to the pod (`""`) or pod template (`/spec/template`).
+    pub base: &'a str,
+}
+
+// === impl the engine ===
+
+/// Where a request came from, for messages and for policy: annotations are checked, rules trusted.
+#[derive(Debug, Clone)]
+enum Origin {
+    Annotation(String),
+    Rule(String),
+}
+
+impl Origin {
+    fn describe(&self, volume: &str) -> String {
+        match self {
+            Origin::Annotation(key) => format!("annotation {key}"),
+            Origin::Rule(rule) => format!("rule {rule}, volume {volume}"),
+        }
+    }
+}
+
+struct Planned {
+    name: String,
+    kind: VolumeKind,
+    volume: Volume,
+    mount: VolumeMount,
+    env: Vec<String>,
+    containers: Vec<usize>,
+    init_containers: Vec<usize>,
+    size: Option<Quantity>,
+    memory: bool,
+    origin: Origin,
+}
+
+pub fn mutate(cfg: &Config, pod: &PodView, target: Target<'_>) -> Outcome {
+    match plan(cfg, pod, target) {
+        Ok(outcome) => outcome,
+        Err(denial) => fail(cfg, pod, target, denial),
+    }
+}
+
+/// `onError`: refuse, or admit unchanged with a warning and the status annotation.
+fn fail(cfg: &Config, pod: &PodView, target: Target<'_>, denial: Denial) -> Outcome {
+    match cfg.on_error {
+        OnError::Deny => Outcome {
+            denial: Some(denial),
+            ..Outcome::default()
+        },
+        OnError::Warn => {
+            let mut patch = Vec::new();
+            annotate(pod, target, &cfg.error_key, &denial.message, &mut patch);
+            Outcome {
+                patch,
+                warnings: vec![format!("volumes not injected: {}", denial.message)],
+                denial: Some(denial),
+                admitted_despite_error: true,
+                injected: Vec::new(),
+            }
+        }
+    }
+}
+
+fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Denial> {
+    let requests = collect(cfg, pod, target.namespace)?;
+    if requests.is_empty() {
+        return Ok(Outcome::default());
+    }
+    if pod.containers().is_empty() {
+        return Err(Denial {
+            reason: DenyReason::Invalid,
+            message: "the pod has no containers to mount volumes in".into(),
+        });
+    }
+
+    let mut errors: Vec<Denial> = Vec::new();
+    let mut planned = Vec::new();
+    for (name, origin, req) in requests {
+        match resolve(cfg, pod, &name, &origin, req) {
+            Ok(p) => planned.push(p),
+            Err(d) => errors.push(d),
+        }
+    }
+    if let Some(max) = cfg.policy.max_volumes_per_pod
+        && planned.len() + errors.len() > max
+    {
+        errors.push(Denial {
+            reason: DenyReason::Policy,
+            message: format!(
+                "{} volumes requested, policy.maxVolumesPerPod allows {max}",
+                planned.len() + errors.len()
+            ),
+        });
+    }
+    combine(errors)?;
+
+    let mut out = Outcome::default();
+    let mut ops = Vec::new();
+    apply(&cfg.injected_key, pod, target, &planned, &mut ops, &mut out)?;
+    out.patch = ops;
+    Ok(out)
+}
+
+/// All errors of one kind at once, so a user fixes every annotation in one go.
+fn combine(errors: Vec<Denial>) -> Result<(), Denial> {
+    let Some(reason) = errors.iter().map(|d| d.reason).min() else {
+        return Ok(());
+    };
+    Err(Denial {
+        reason,
+        message: errors
+            .into_iter()
+            .map(|d| d.message)
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
+}
+
+fn collect(
+    cfg: &Config,
+    pod: &PodView,
+    namespace: &str,
+) -> Result<Vec<(String, Origin, VolumeRequest)>, Denial> {
+    let mut requests = Vec::new();
+    let mut errors = Vec::new();
+    let mut names = BTreeSet::new();
+    if let Some(annotations) = pod.annotations() {
+        for (key, value) in annotations {
+            let Some(name) = key
+                .strip_prefix(cfg.prefix.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+            else {
+                continue;
+            };
+            let invalid = |m: String| Denial {
+                reason: DenyReason::Invalid,
+                message: format!("annotation {key}: {m}"),
+            };
+            if let Err(e) = validate_dns_label("volume name", name) {
+                errors.push(invalid(e.0));
+                continue;
+            }
+            match value.parse::<VolumeRequest>() {
+                Ok(req) => {
+                    names.insert(name.to_owned());
+                    requests.push((name.to_owned(), Origin::Annotation(key.clone()), req));
+                }
+                Err(e) => errors.push(invalid(e.0)),
+            }
+        }
+    }
+    combine(errors)?;
+    let empty = BTreeMap::new();
+    let labels = pod.labels().unwrap_or(&empty);
+    for rule in &cfg.rules {
+        if !rule.matches(namespace, labels) {
+            continue;
+        }
+        for (name, req) in &rule.volumes {
+            // An annotation for the same name wins; the first matching rule wins over later ones.
+            if names.insert(name.clone()) {
+                requests.push((name.clone(), Origin::Rule(rule.name.clone()), req.clone()));
+            }
+        }
+    }
+    requests.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(requests)
+}
+
+fn resolve(
+    cfg: &Config,
+    pod: &PodView,
+    name: &str,
+    origin: &Origin,
+    req: VolumeRequest,
+) -> Result<Planned, Denial> {
+    let at = origin.describe(name);
+    let invalid = |m: String| Denial {
+        reason: DenyReason::Invalid,
+        message: format!("{at}: {m}"),
+    };
+    let forbidden = |m: String| Denial {
+        reason: DenyReason::Policy,
+        message: format!("{at}: {m}"),
+    };
+    let checked = matches!(origin, Origin::Annotation(_));
+    let policy = &cfg.policy;
+
+    // Profiles: the profile's fields, overridden by what the request may override.
+    let (source, base, from_profile) = match &req.source {
+        Source::Profile(p) => {
+            let Some(profile) = cfg.profiles.get(p) else {
+                let known: Vec<&str> = cfg.profiles.keys().map(String::as_str).collect();
+                return Err(invalid(format!(
+                    "profile {p:?} is not defined (defined: {})",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                )));
+            };
+            (profile.source.clone(), Some(profile), true)
+        }
+        other => {
+            if checked && !policy.allow_inline {
+                return Err(forbidden(
+                    "policy.allowInline is false: name one of the cluster's profiles".into(),
+                ));
+            }
+            (other.clone(), None, false)
+        }
+    };
+    let mount_path: Option<String> = pick(&req, base, |r| r.mount_path.clone());
+    let Some(mount_path) = mount_path else {
+        return Err(invalid(match &req.source {
+            Source::Profile(p) => format!("mountPath is required: profile {p:?} does not set one"),
+            _ => "mountPath is required".into(),
+        }));
+    };
+    let read_only: Option<bool> = pick(&req, base, |r| r.read_only);
+    let sub_path: Option<String> = pick(&req, base, |r| r.sub_path.clone());
+    let containers: Option<Vec<String>> = pick(&req, base, |r| r.containers.clone());
+    let init: Option<InitTargets> = pick(&req, base, |r| r.init_containers.clone());
+    let env: Option<Vec<String>> = pick(&req, base, |r| r.env.clone());
+
+    let (kind, mut volume) = into_volume(name, source);
+    // A profile's size may be overridden, within policy.
+    if let Some(size) = &req.size {
+        set_size(&mut volume, size).map_err(invalid)?;
+    }
+    let (size, memory) = size_of(&volume).map_err(invalid)?;
+
+    if checked && (!from_profile || req.size.is_some()) {
+        if !from_profile && !policy.types.contains(&kind) {
+            return Err(forbidden(format!(
+                "type {kind} is not allowed by policy.types ({})",
+                policy
+                    .types
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        if !from_profile {
+            check_allowlists(policy, &volume).map_err(forbidden)?;
+        }
+        let max = match kind {
+            VolumeKind::EmptyDir if memory => policy.max_memory.map(|m| (m, "memory")),
+            VolumeKind::EmptyDir => policy.max_empty_dir.map(|m| (m, "emptyDir")),
+            VolumeKind::Ephemeral => policy.max_ephemeral.map(|m| (m, "ephemeral")),
+            VolumeKind::Csi => None,
+        };
+        if let (Some((max, field)), Some(size)) = (max, size)
+            && size > max
+        {
+            return Err(forbidden(format!(
+                "size {size} exceeds policy.maxSize.{field} ({max})"
+            )));
+        }
+    }
+    let mut size = size;
+    if policy.require_size_limit
+        && let Some(e) = volume.empty_dir.as_mut()
+        && e.size_limit.is_none()
+    {
+        e.size_limit = Some(K8sQuantity(policy.default_size_limit_text.clone()));
+        size = Some(policy.default_size_limit);
+    }
+
+    let find = |list: &[ContainerView], names: &[String], what: &str| {
+        names
+            .iter()
+            .map(|n| {
+                list.iter()
+                    .position(|c| &c.name == n)
+                    .ok_or_else(|| Denial {
+                        reason: DenyReason::Conflict,
+                        message: format!(
+                            "{at}: {what} {n:?} is not in the pod ({what}s: {})",
+                            list.iter()
+                                .map(|c| c.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    })
+            })
+            .collect::<Result<Vec<usize>, Denial>>()
+    };
+    let containers = match containers {
+        Some(names) => find(pod.containers(), &names, "container")?,
+        None => (0..pod.containers().len()).collect(),
+    };
+    let init_containers = match init {
+        None | Some(InitTargets::None) => Vec::new(),
+        Some(InitTargets::All) => (0..pod.init_containers().len()).collect(),
+        Some(InitTargets::Named(names)) => find(pod.init_containers(), &names, "init container")?,
+    };
+
+    Ok(Planned {
+        name: name.to_owned(),
+        kind,
+        mount: VolumeMount {
+            name: name.to_owned(),
+            mount_path,
+            read_only,
+            sub_path,
+            ..Default::default()
+        },
+        volume,
+        env: env.unwrap_or_default(),
+        containers,
+        init_containers,
+        size,
+        memory,
+        origin: origin.clone(),
+    })
+}
+
+/// The request's value for a field, else the profile's.
+fn pick<T>(
+    req: &VolumeRequest,
+    base: Option<&VolumeRequest>,
+    f: impl Fn(&VolumeRequest) -> Option<T>,
+) -> Option<T> {
+    f(req).or_else(|| base.and_then(&f))
+}
+
+fn into_volume(name: &str, source: Source) -> (VolumeKind, Volume) {
+    let mut v = Volume {
+        name: name.to_owned(),
+        ..Default::default()
+    };
+    let kind = match source {
+        Source::EmptyDir(e) => {
+            v.empty_dir = Some(e);
+            VolumeKind::EmptyDir
+        }
+        Source::Csi(c) => {
+            v.csi = Some(c);
+            VolumeKind::Csi
+        }
+        Source::Ephemeral(e) => {
+            v.ephemeral = Some(*e);
+            VolumeKind::Ephemeral
+        }
+        // Profiles never name profiles (checked when the configuration is loaded).
+        Source::Profile(_) => {
+            v.empty_dir = Some(EmptyDirVolumeSource::default());
+            VolumeKind::EmptyDir
+        }
+    };
+    (kind, v)
+}
+
+fn set_size(v: &mut Volume, size: &str) -> Result<(), String> {
+    if let Some(e) = v.empty_dir.as_mut() {
+        e.size_limit = Some(K8sQuantity(size.to_owned()));
+    } else if let Some(t) = v
+        .ephemeral
+        .as_mut()
+        .and_then(|e| e.volume_claim_template.as_mut())
+    {
+        t.spec
+            .resources
+            .get_or_insert_with(Default::default)
+            .requests
+            .get_or_insert_with(Default::default)
+            .insert("storage".into(), K8sQuantity(size.to_owned()));
+    } else {
+        return Err("size does not apply to a CSI inline volume".into());
+    }
+    Ok(())
+}
+
+/// The requested size (emptyDir sizeLimit or PVC storage request) and whether it is RAM.
+fn size_of(v: &Volume) -> Result<(Option<Quantity>, bool), String> {
+    let parse = |q: &K8sQuantity| q.0.parse::<Quantity>().map_err(|e| format!("size: {e}"));
+    if let Some(e) = &v.empty_dir {
+        let size = e.size_limit.as_ref().map(parse).transpose()?;
+        return Ok((size, e.medium.as_deref() == Some("Memory")));
+    }
+    if let Some(t) = v
+        .ephemeral
+        .as_ref()
+        .and_then(|e| e.volume_claim_template.as_ref())
+    {
+        let size = t
+            .spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(parse)
+            .transpose()?;
+        return Ok((size, false));
+    }
+    Ok((None, false))
+}
+
+fn check_allowlists(policy: &crate::config::Policy, v: &Volume) -> Result<(), String> {
+    if let (Some(allowed), Some(csi)) = (&policy.csi_drivers, &v.csi)
+        && !allowed.contains(&csi.driver)
+    {
+        return Err(format!(
+            "CSI driver {:?} is not in policy.csiDrivers ({})",
+            csi.driver,
+            allowed.join(", ")
+        ));
+    }
+    if let (Some(allowed), Some(t)) = (
+        &policy.storage_classes,
+        v.ephemeral
+            .as_ref()
+            .and_then(|e| e.volume_claim_template.as_ref()),
+    ) {
+        match &t.spec.storage_class_name {
+            Some(sc) if allowed.contains(sc) => {}
+            Some(sc) => {
+                return Err(format!(
+                    "storage class {sc:?} is not in policy.storageClasses ({})",
+                    allowed.join(", ")
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "a storage class is required by policy.storageClasses ({}); set storageClass",
+                    allowed.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+// === impl the patch ===
+
+type Group<'a> = (&'static str, &'a [ContainerView], fn(&Planned) -> &[usize]);
+
+/// Checks the plan against the pod (conflicts, what is already there) and writes the patch.
+fn apply(
+    injected_key: &str,
+    pod: &PodView,
+    target: Target<'_>,
+    planned: &[Planned],
+    ops: &mut Vec<PatchOp>,
+    out: &mut Outcome,
+) -> Result<(), Denial> {
+    let base = target.base;
+    let conflict = |m: String| Denial {
+        reason: DenyReason::Conflict,
+        message: m,
+    };
+
+    // Volumes: identical ones count as done, different ones are conflicts.
+    let mut new_volumes = Vec::new();
+    for p in planned {
+        match pod.volume(&p.name) {
+            None => new_volumes.push(p),
+            Some(raw) => {
+                let existing: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+                let desired = serde_json::to_value(&p.volume).unwrap_or(Value::Null);
+                if !subset(&desired, &existing, "") {
+                    return Err(conflict(format!(
+                        "volume {:?} ({}): the pod already has a different volume with this name",
+                        p.name,
+                        p.origin.describe(&p.name)
+                    )));
+                }
+            }
+        }
+    }
+
+    // Mounts, per container; the same checks for app and init containers.
+    let groups: [Group<'_>; 2] = [
+        ("containers", pod.containers(), |p| &p.containers),
+        ("initContainers", pod.init_containers(), |p| {
+            &p.init_containers
+        }),
+    ];
+    let mut mount_ops = Vec::new();
+    let mut env_ops = Vec::new();
+    for (field, list, targets_of) in groups {
+        for (i, c) in list.iter().enumerate() {
+            let mine: Vec<&Planned> = planned
+                .iter()
+                .filter(|p| targets_of(p).contains(&i))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let mut new_mounts = Vec::new();
+            let mut taken: BTreeMap<String, &str> = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| (normalize(&m.mount_path), m.name.as_str()))
+                .collect();
+            let mut new_env = Vec::new();
+            for p in &mine {
+                let path = normalize(&p.mount.mount_path);
+                match taken.get(&path) {
+                    Some(v) if *v == p.name => {}
+                    Some(other) => {
+                        return Err(conflict(format!(
+                            "volume {:?}: container {:?} already mounts volume {other:?} at {}",
+                            p.name, c.name, p.mount.mount_path
+                        )));
+                    }
+                    None => {
+                        taken.insert(path, &p.name);
+                        new_mounts.push(p.mount.clone());
+                        warn_mount(p, c, out);
+                    }
+                }
+                for var in &p.env {
+                    match c.env.iter().flatten().find(|e| &e.name == var) {
+                        Some(e) if e.value.as_deref() == Some(p.mount.mount_path.as_str()) => {}
+                        Some(_) => out.warnings.push(format!(
+                            "volume {}: container {} already sets {var}; left alone",
+                            p.name, c.name
+                        )),
+                        None if new_env.iter().any(|e: &EnvVar| &e.name == var) => {
+                            out.warnings.push(format!(
+                                "volume {}: {var} is set by another volume in container {}; left alone",
+                                p.name, c.name
+                            ))
+                        }
+                        None => {
+                                new_env.push(EnvVar {
+                                name: var.clone(),
+                                value: Some(p.mount.mount_path.clone()),
+                                value_from: None,
+                            });
+                        }
+                    }
+                }
+            }
+            let at = format!("{base}/spec/{field}/{i}");
+            push_all(
+                &mut mount_ops,
+                c.volume_mounts.is_some(),
+                format!("{at}/volumeMounts"),
+                new_mounts,
+                PatchValue::Mounts,
+                PatchValue::Mount,
+            );
+            push_all(
+                &mut env_ops,
+                c.env.is_some(),
+                format!("{at}/env"),
+                new_env,
+                PatchValue::Envs,
+                PatchValue::Env,
+            );
+        }
+    }
+
+    let has_volumes = pod.spec.as_ref().is_some_and(|s| s.volumes.is_some());
+    for p in &new_volumes {
+        out.injected.push((p.name.clone(), p.kind));
+        if p.kind == VolumeKind::EmptyDir && p.memory && p.size.is_none() {
+            out.warnings.push(format!(
+                "volume {}: a Memory emptyDir without a size can use all of the pod's memory; set size",
+                p.name
+            ));
+        }
+    }
+    push_all(
+        ops,
+        has_volumes,
+        format!("{base}/spec/volumes"),
+        new_volumes.iter().map(|p| p.volume.clone()).collect(),
+        PatchValue::Volumes,
+        |v| PatchValue::Volume(Box::new(v)),
+    );
+    ops.extend(mount_ops);
+    ops.extend(env_ops);
+
+    // The record: every volume the webhook manages on this pod, done now or before.
+    let record = planned
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    annotate(pod, target, injected_key, &record, ops);
+    Ok(())
+}
+
+fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
+    let resource = |map: Option<&BTreeMap<String, String>>, key: &str| {
+        map.and_then(|m| m.get(key))
+            .and_then(|q| q.parse::<Quantity>().ok())
+    };
+    let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let requests = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+    if p.kind != VolumeKind::EmptyDir {
+        return;
+    }
+    if p.memory {
+        if let (Some(size), Some(limit)) = (p.size, resource(limits, "memory"))
+            && size > limit
+        {
+            out.warnings.push(format!(
+                "volume {}: Memory emptyDir size {size} exceeds the memory limit {limit} of container {}",
+                p.name, c.name
+            ));
+        }
+    } else if p.size.is_none() && resource(requests, "ephemeral-storage").is_none() {
+        out.warnings.push(format!(
+            "volume {}: emptyDir without a size on container {}, which has no ephemeral-storage request; it can fill the node's disk",
+            p.name, c.name
+        ));
+    }
+}
+
+fn push_all<T>(
+    ops: &mut Vec<PatchOp>,
+    exists: bool,
+    path: String,
+    items: Vec<T>,
+    whole: fn(Vec<T>) -> PatchValue,
+    one: impl Fn(T) -> PatchValue,
+) {
+    if items.is_empty() {
+        return;
+    }
+    if exists {
+        for item in items {
+            ops.push(PatchOp::add(format!("{path}/-"), one(item)));
+        }
+    } else {
+        ops.push(PatchOp::add(path, whole(items)));
+    }
+}
+
+/// Sets one annotation, creating `metadata` or `annotations` as needed; nothing if already set.
+fn annotate(pod: &PodView, target: Target<'_>, key: &str, value: &str, ops: &mut Vec<PatchOp>) {
+    let base = target.base;
+    match pod.metadata.as_ref().map(|m| m.annotations.as_ref()) {
+        None => ops.push(PatchOp::add(
+            format!("{base}/metadata"),
+            PatchValue::Metadata {
+                annotations: BTreeMap::from([(key.to_owned(), value.to_owned())]),
+            },
+        )),
+        Some(None) => ops.push(PatchOp::add(
+            format!("{base}/metadata/annotations"),
+            PatchValue::Map(BTreeMap::from([(key.to_owned(), value.to_owned())])),
+        )),
+        Some(Some(a)) if a.get(key).map(String::as_str) == Some(value) => {}
+        Some(Some(_)) => ops.push(PatchOp::add(
+            format!("{base}/metadata/annotations/{}", escape(key)),
+            PatchValue::Text(value.to_owned()),
+        )),
+    }
+}
+
+/// Mount paths compare without trailing slashes (`/scratch/` is `/scratch`).
+fn normalize(p: &str) -> String {
+    let t = p.trim_end_matches('/');
+    if t.is_empty() {
+        "/".to_owned()
+    } else {
+        t.to_owned()
+    }
+}
+
+/// Is everything we would write already there? The API server may have added defaults
+/// (`volumeMode: Filesystem`), dropped zero values (`medium: ""`) and canonicalised quantities
+/// (`1024Mi` → `1Gi`) since we wrote it, so this is a subset check, quantity-aware.
+fn subset(desired: &Value, existing: &Value, key: &str) -> bool {
+    match (desired, existing) {
+        (Value::Object(d), Value::Object(e)) => d.iter().all(|(k, v)| match e.get(k) {
+            Some(ev) => subset(v, ev, k),
+            None => is_zero(v),
+        }),
+        (Value::Array(d), Value::Array(e)) => {
+            d.len() == e.len() && d.iter().zip(e).all(|(a, b)| subset(a, b, key))
+        }
+        (Value::String(a), Value::String(b)) if a != b => {
+            matches!(key, "sizeLimit" | "storage")
+                && matches!((a.parse::<Quantity>(), b.parse::<Quantity>()), (Ok(x), Ok(y)) if x == y)
+        }
+        (d, e) => d == e,
+    }
+}
+
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::Number(n) => n.as_f64() == Some(0.0),
+    }
+}

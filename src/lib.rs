@@ -1,0 +1,17 @@
+//! ephemeral-volume-injector: a mutating admission webhook that injects scratch and secret
+//! volumes into pods from string annotations.
+//!
+//! The decision logic is pure and lives apart from the transport: [`annotation`] is the grammar,
+//! [`config`] the cluster configuration, [`engine`] the decision, [`patch`] the JSON Patch,
+//! [`review`] the AdmissionReview codec; [`server`] is the HTTPS/admin plumbing.
+
+pub mod annotation;
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod patch;
+pub mod pod;
+pub mod quantity;
+pub mod review;
+pub mod server;
+pub mod workload;

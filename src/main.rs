@@ -1,0 +1,5 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    evi::cli::run(evi::cli::Cli::parse())
+}

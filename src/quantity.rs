@@ -1,0 +1,215 @@
+//! Kubernetes resource quantities (`1Gi`, `1024Mi`, `1G`, `1.5e9`), parsed exactly.
+//!
+//! `kube_quantity` would be the obvious crate, but it is tied to k8s-openapi 0.27 while kube 5
+//! needs 0.29; linking two k8s-openapi versions doubles the build for one comparison. The
+//! grammar is small (apimachinery `resource.ParseQuantity`), so it lives here, exact to the
+//! milli-unit, which is the finest precision Kubernetes keeps for storage sizes.
+
+use std::{cmp::Ordering, fmt, str::FromStr};
+
+/// A non-negative quantity, stored in thousandths of the base unit, rounded up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Quantity {
+    millis: u128,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid quantity {input:?}: {reason}")]
+pub struct QuantityError {
+    pub input: String,
+    pub reason: &'static str,
+}
+
+impl Quantity {
+    pub const ZERO: Quantity = Quantity { millis: 0 };
+
+    pub fn from_bytes(bytes: u64) -> Self {
+        Quantity {
+            millis: u128::from(bytes) * 1000,
+        }
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.millis == 0
+    }
+
+    /// Value in whole base units, rounded up (as `Quantity.Value()` does).
+    pub fn value_ceil(self) -> u128 {
+        self.millis.div_ceil(1000)
+    }
+}
+
+impl FromStr for Quantity {
+    type Err = QuantityError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let err = |reason| QuantityError {
+            input: input.to_owned(),
+            reason,
+        };
+        let s = input.strip_prefix('+').unwrap_or(input);
+        if s.starts_with('-') {
+            return Err(err("sizes cannot be negative"));
+        }
+        let num_end = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (number, suffix) = s.split_at(num_end);
+        if number.is_empty() || number == "." {
+            return Err(err("expected a number, e.g. 10Gi"));
+        }
+        let (int_part, frac_part) = match number.split_once('.') {
+            Some((i, f)) => {
+                if f.contains('.') {
+                    return Err(err("more than one decimal point"));
+                }
+                (i, f)
+            }
+            None => (number, ""),
+        };
+        let mut mantissa: u128 = 0;
+        for b in int_part.bytes().chain(frac_part.bytes()) {
+            mantissa = mantissa
+                .checked_mul(10)
+                .and_then(|m| m.checked_add(u128::from(b - b'0')))
+                .ok_or_else(|| err("too large"))?;
+        }
+        let frac_digits = i32::try_from(frac_part.len()).map_err(|_| err("too many digits"))?;
+
+        // value = mantissa * 10^-frac * 2^bin * 10^dec; we want value * 1000.
+        let (bin, dec): (u32, i32) = match suffix {
+            "" => (0, 0),
+            "Ki" => (10, 0),
+            "Mi" => (20, 0),
+            "Gi" => (30, 0),
+            "Ti" => (40, 0),
+            "Pi" => (50, 0),
+            "Ei" => (60, 0),
+            "n" => (0, -9),
+            "u" => (0, -6),
+            "m" => (0, -3),
+            "k" => (0, 3),
+            "M" => (0, 6),
+            "G" => (0, 9),
+            "T" => (0, 12),
+            "P" => (0, 15),
+            "E" => (0, 18),
+            other => {
+                let exp = other
+                    .strip_prefix('e')
+                    .or_else(|| other.strip_prefix('E'))
+                    .ok_or_else(|| {
+                        err("unknown suffix (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or m)")
+                    })?;
+                let exp: i32 = exp
+                    .parse()
+                    .map_err(|_| err("exponent must be an integer, e.g. 1e9"))?;
+                if !(-40..=40).contains(&exp) {
+                    return Err(err("exponent out of range"));
+                }
+                (0, exp)
+            }
+        };
+        let scale = dec + 3 - frac_digits;
+        let mut millis = mantissa
+            .checked_mul(1u128 << bin)
+            .ok_or_else(|| err("too large"))?;
+        match scale.cmp(&0) {
+            Ordering::Greater => {
+                let factor = 10u128
+                    .checked_pow(scale.unsigned_abs())
+                    .ok_or_else(|| err("too large"))?;
+                millis = millis.checked_mul(factor).ok_or_else(|| err("too large"))?;
+            }
+            Ordering::Less => {
+                let divisor = 10u128.checked_pow(scale.unsigned_abs());
+                millis = match divisor {
+                    Some(d) => millis.div_ceil(d),
+                    // Smaller than any representable fraction: rounds up to one milli-unit.
+                    None => u128::from(millis != 0),
+                };
+            }
+            Ordering::Equal => {}
+        }
+        Ok(Quantity { millis })
+    }
+}
+
+impl fmt::Display for Quantity {
+    /// Shortest exact binary form for whole byte counts (what a user reads in an error).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.millis.is_multiple_of(1000) {
+            return write!(f, "{}m", self.millis);
+        }
+        let mut v = self.millis / 1000;
+        if v == 0 {
+            return f.write_str("0");
+        }
+        let mut unit = 0;
+        while v.is_multiple_of(1024) && unit < 6 {
+            v /= 1024;
+            unit += 1;
+        }
+        let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][unit];
+        write!(f, "{v}{suffix}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Quantity {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn binary_and_decimal_suffixes_compare_by_value() {
+        assert_eq!(q("1Gi"), q("1024Mi"));
+        assert_eq!(q("1Gi"), q("1073741824"));
+        assert!(q("1G") < q("1Gi"));
+        assert_eq!(q("1G"), q("1000M"));
+        assert_eq!(q("1G"), q("1e9"));
+        assert_eq!(q("1.5Gi"), q("1536Mi"));
+        assert_eq!(q("0.5Ki"), q("512"));
+        assert_eq!(q("1Ti"), q("1024Gi"));
+        assert!(q("100Gi") > q("99.9Gi"));
+        assert_eq!(q("+2Gi"), q("2Gi"));
+        assert_eq!(q("2E"), q("2e18"));
+    }
+
+    #[test]
+    fn fractions_below_one_unit_round_up_to_milli_units() {
+        assert_eq!(q("1m").millis, 1);
+        assert_eq!(q("1n").millis, 1);
+        assert_eq!(q("1500m").value_ceil(), 2);
+    }
+
+    #[test]
+    fn bad_quantities_name_the_input_and_the_problem() {
+        for (input, reason) in [
+            ("", "expected a number"),
+            ("Gi", "expected a number"),
+            ("-1Gi", "negative"),
+            ("10GB", "unknown suffix"),
+            ("10gi", "unknown suffix"),
+            ("1.2.3Gi", "decimal point"),
+            ("1eX", "exponent"),
+            ("1e99", "exponent out of range"),
+            ("999999999999999999999999999999999999999Ei", "too large"),
+            ("10 Gi", "unknown suffix"),
+        ] {
+            let e = input.parse::<Quantity>().expect_err(input);
+            assert!(e.to_string().contains(reason), "{input}: {e}");
+            assert!(e.to_string().contains(&format!("{input:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn display_prints_the_shortest_binary_form() {
+        assert_eq!(q("1073741824").to_string(), "1Gi");
+        assert_eq!(q("1G").to_string(), "1000000000");
+        assert_eq!(q("2048Ki").to_string(), "2Mi");
+        assert_eq!(q("0").to_string(), "0");
+    }
+}

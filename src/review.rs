@@ -1,0 +1,205 @@
+//! The AdmissionReview codec: bytes in, bytes out, with the engine in between.
+//!
+//! Field names and semantics are kube-core's (`kube_core::admission`); the request is decoded
+//! as a narrow borrowed view (the pod is decoded only for Pod CREATE), and the response is
+//! written by hand because kube-core serialises `patch` as an array of numbers, which the API
+//! server refuses (kube-rs issue 1781): the wire format is a standard-base64 string.
+
+use base64::{Engine as _, engine::general_purpose::STANDARD};
+use kube_core::admission::Operation;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::{
+    annotation::VolumeKind,
+    config::Config,
+    engine::{self, DenyReason, Outcome, Target},
+    patch,
+    pod::PodView,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("the body is not an AdmissionReview: {0}")]
+    Malformed(serde_json::Error),
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+    #[error("failed to serialize the response: {0}")]
+    Serialize(serde_json::Error),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    #[serde(borrow)]
+    api_version: &'a str,
+    #[serde(borrow)]
+    kind: &'a str,
+    #[serde(borrow, default)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    #[serde(borrow)]
+    uid: &'a str,
+    #[serde(borrow)]
+    kind: Gvk<'a>,
+    operation: Operation,
+    #[serde(borrow, default)]
+    sub_resource: Option<&'a str>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Gvk<'a> {
+    #[serde(borrow, default)]
+    group: &'a str,
+    #[serde(borrow)]
+    kind: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+}
+
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    status: &'static str,
+    code: u16,
+    reason: &'static str,
+    message: &'a str,
+}
+
+/// What happened to one review, for metrics and the decision log.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Not a Pod CREATE, or a pod that asked for nothing.
+    Unchanged,
+    /// A patch was returned (possibly only the status annotation under `onError: warn`).
+    Mutated,
+    Denied(DenyReason),
+}
+
+#[derive(Debug, Clone)]
+pub struct Handled {
+    pub body: Vec<u8>,
+    pub verdict: Verdict,
+    pub uid: String,
+    pub namespace: String,
+    pub pod: String,
+    pub injected: Vec<(String, VolumeKind)>,
+    pub message: Option<String>,
+    pub dry_run: bool,
+}
+
+/// Decodes a review, decides, and encodes the response.
+pub fn handle(cfg: &Config, body: &[u8]) -> Result<Handled, ReviewError> {
+    let review: ReviewIn<'_> = serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+    let req = review.request.ok_or(ReviewError::NoRequest)?;
+    let namespace = req.namespace.unwrap_or_default();
+    let mut handled = Handled {
+        body: Vec::new(),
+        verdict: Verdict::Unchanged,
+        uid: req.uid.to_owned(),
+        namespace,
+        pod: String::new(),
+        injected: Vec::new(),
+        message: None,
+        dry_run: req.dry_run.unwrap_or(false),
+    };
+    let is_pod_create = req.kind.group.is_empty()
+        && req.kind.kind == "Pod"
+        && req.operation == Operation::Create
+        && req.sub_resource.is_none_or(str::is_empty);
+    let outcome = match (is_pod_create, req.object) {
+        (true, Some(raw)) => {
+            let pod: PodView = serde_json::from_str(raw.get()).map_err(ReviewError::Malformed)?;
+            handled.pod = pod.display_name();
+            engine::mutate(
+                cfg,
+                &pod,
+                Target {
+                    namespace: &handled.namespace,
+                    base: "",
+                },
+            )
+        }
+        _ => Outcome::default(),
+    };
+    handled.body = encode(review.api_version, review.kind, req.uid, &outcome)?;
+    handled.verdict = match (&outcome.denial, outcome.allowed(), outcome.patch.is_empty()) {
+        (Some(d), false, _) => Verdict::Denied(d.reason),
+        (_, _, false) => Verdict::Mutated,
+        _ => Verdict::Unchanged,
+    };
+    handled.message = outcome.denial.map(|d| d.message);
+    handled.injected = outcome.injected;
+    Ok(handled)
+}
+
+fn encode(
+    api_version: &str,
+    kind: &str,
+    uid: &str,
+    outcome: &Outcome,
+) -> Result<Vec<u8>, ReviewError> {
+    let allowed = outcome.allowed();
+    let patch = if allowed && !outcome.patch.is_empty() {
+        let bytes = patch::to_json(&outcome.patch).map_err(ReviewError::Serialize)?;
+        Some(STANDARD.encode(bytes))
+    } else {
+        None
+    };
+    let status = match &outcome.denial {
+        Some(d) if !allowed => Some(StatusOut {
+            status: "Failure",
+            code: d.code(),
+            reason: match d.reason {
+                DenyReason::Invalid => "BadRequest",
+                DenyReason::Policy => "Forbidden",
+                DenyReason::Conflict => "Invalid",
+            },
+            message: &d.message,
+        }),
+        _ => None,
+    };
+    let out = ReviewOut {
+        api_version,
+        kind,
+        response: ResponseOut {
+            uid,
+            allowed,
+            status,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            warnings: &outcome.warnings,
+        },
+    };
+    serde_json::to_vec(&out).map_err(ReviewError::Serialize)
+}

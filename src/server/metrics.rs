@@ -1,0 +1,111 @@
+//! Prometheus metrics (prometheus-client), served on the admin port.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<ResultLabel, Counter>,
+    pub duration: Histogram,
+    pub volumes: Family<KindLabel, Counter>,
+    pub denials: Family<ReasonLabel, Counter>,
+    pub config_reloads: Family<OutcomeLabel, Counter>,
+    pub cert_reloads: Family<OutcomeLabel, Counter>,
+    pub cert_not_after: Gauge,
+}
+
+/// Admission decisions take microseconds; buckets from 10 µs to 1 s.
+const BUCKETS: [f64; 14] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.1, 0.25, 1.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("evi");
+        let requests = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "admission_requests",
+            "AdmissionReview requests by result (mutated, unchanged, denied, invalid)",
+            requests.clone(),
+        );
+        let duration = Histogram::new(BUCKETS);
+        registry.register(
+            "admission_duration_seconds",
+            "Time to decode, decide and encode one AdmissionReview",
+            duration.clone(),
+        );
+        let volumes = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "volumes_injected",
+            "Volumes injected, by kind (emptyDir, csi, ephemeral)",
+            volumes.clone(),
+        );
+        let denials = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "denials",
+            "Pods refused (or, with onError warn, admitted without volumes), by reason",
+            denials.clone(),
+        );
+        let config_reloads = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads by outcome (success, failure)",
+            config_reloads.clone(),
+        );
+        let cert_reloads = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate reloads by outcome (success, failure)",
+            cert_reloads.clone(),
+        );
+        let cert_not_after = Gauge::default();
+        registry.register(
+            "certificate_not_after_timestamp_seconds",
+            "Expiry of the serving certificate, Unix time",
+            cert_not_after.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            duration,
+            volumes,
+            denials,
+            config_reloads,
+            cert_reloads,
+            cert_not_after,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

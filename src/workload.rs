@@ -1,0 +1,108 @@
+//! The offline preview (`mutate`): a Pod or a workload's pod template through the same engine.
+
+use serde_json::Value;
+
+use crate::{
+    config::Config,
+    engine::{self, Outcome, Target},
+    pod::PodView,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("cannot parse the input as YAML or JSON: {0}")]
+    Parse(String),
+    #[error("the input is not a Kubernetes object (no apiVersion/kind)")]
+    NotAnObject,
+    #[error(
+        "kind {0:?} is not supported: give a Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet"
+    )]
+    UnsupportedKind(String),
+    #[error("{kind} has no pod template at {path}")]
+    NoTemplate { kind: String, path: String },
+    #[error("the pod at {path} cannot be read: {message}")]
+    BadPod { path: String, message: String },
+    #[error("the patch does not apply: {0}")]
+    Apply(String),
+}
+
+/// Where each supported kind keeps its pod.
+pub fn template_path(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "Pod" => "",
+        "Job" | "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" => "/spec/template",
+        "CronJob" => "/spec/jobTemplate/spec/template",
+        _ => return None,
+    })
+}
+
+/// Parses YAML or JSON (YAML is a superset) into one object.
+pub fn parse_object(text: &str) -> Result<Value, WorkloadError> {
+    let value: Value =
+        yaml_serde::from_str(text).map_err(|e| WorkloadError::Parse(e.to_string()))?;
+    if value.get("kind").and_then(Value::as_str).is_none() {
+        return Err(WorkloadError::NotAnObject);
+    }
+    Ok(value)
+}
+
+pub struct Preview {
+    pub outcome: Outcome,
+    pub mutated: Value,
+}
+
+/// Runs the engine on the object's pod and applies the patch to the whole object.
+pub fn preview(
+    cfg: &Config,
+    object: &Value,
+    namespace: Option<&str>,
+) -> Result<Preview, WorkloadError> {
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let base =
+        template_path(kind).ok_or_else(|| WorkloadError::UnsupportedKind(kind.to_owned()))?;
+    let pod_json = object
+        .pointer(base)
+        .ok_or_else(|| WorkloadError::NoTemplate {
+            kind: kind.to_owned(),
+            path: base.to_owned(),
+        })?;
+    let bytes = serde_json::to_vec(pod_json).map_err(|e| WorkloadError::BadPod {
+        path: base.to_owned(),
+        message: e.to_string(),
+    })?;
+    let pod: PodView = serde_json::from_slice(&bytes).map_err(|e| WorkloadError::BadPod {
+        path: if base.is_empty() {
+            "/".into()
+        } else {
+            base.to_owned()
+        },
+        message: e.to_string(),
+    })?;
+    let ns = namespace
+        .or_else(|| {
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+        })
+        .unwrap_or("default");
+    let outcome = engine::mutate(
+        cfg,
+        &pod,
+        Target {
+            namespace: ns,
+            base,
+        },
+    );
+    let mut mutated = object.clone();
+    if !outcome.patch.is_empty() {
+        let ops = serde_json::to_value(&outcome.patch)
+            .map_err(|e| WorkloadError::Apply(e.to_string()))?;
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| WorkloadError::Apply(e.to_string()))?;
+        json_patch::patch(&mut mutated, &patch).map_err(|e| WorkloadError::Apply(e.to_string()))?;
+    }
+    Ok(Preview { outcome, mutated })
+}
