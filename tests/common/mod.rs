@@ -1,0 +1,56 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use base64::{Engine as _, engine::general_purpose::STANDARD};
+use serde_json::{Value, json};
+
+/// An AdmissionReview as the API server sends it for a pod CREATE.
+pub fn review_for(pod: &Value, namespace: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"].clone(),
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:job-controller",
+                "uid": "2f4a1c0e-8d9b-4e7f-a6c5-b4d3e2f1a0b9",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]
+            },
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+/// Checks the response envelope and applies its patch (if any) to `pod`.
+pub fn apply_response(request: &Value, response: &Value, pod: &Value) -> Value {
+    assert_eq!(response["apiVersion"], request["apiVersion"]);
+    assert_eq!(response["kind"], request["kind"]);
+    let r = &response["response"];
+    assert_eq!(r["uid"], request["request"]["uid"]);
+    let has_patch = r.get("patch").is_some();
+    assert_eq!(has_patch, r.get("patchType").is_some(), "patch and patchType go together: {r}");
+    let mut out = pod.clone();
+    if has_patch {
+        assert_eq!(r["patchType"], "JSONPatch");
+        let bytes = STANDARD.decode(r["patch"].as_str().expect("patch is a base64 string")).unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        json_patch::patch(&mut out, &patch).unwrap();
+    }
+    out
+}
+
+pub fn read_input(name: &str) -> Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/inputs").join(name);
+    let text = std::fs::read_to_string(&p).unwrap();
+    yaml_serde::from_str(&text).unwrap()
+}
