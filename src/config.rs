@@ -365,21 +365,30 @@ impl Selector {
         })
     }
 
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub fn matches<K, V>(&self, labels: &BTreeMap<K, V>) -> bool
+    where
+        K: std::borrow::Borrow<str> + Ord,
+        V: std::ops::Deref<Target = str>,
+    {
+        let get = |k: &str| labels.get(k).map(|v| &**v);
         self.match_labels
             .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+            .all(|(k, v)| get(k) == Some(v.as_str()))
             && self.expressions.iter().all(|r| match r {
-                Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
-                Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
-                Requirement::Exists(k) => labels.contains_key(k),
-                Requirement::DoesNotExist(k) => !labels.contains_key(k),
+                Requirement::In(k, vs) => get(k).is_some_and(|v| vs.iter().any(|x| x == v)),
+                Requirement::NotIn(k, vs) => get(k).is_none_or(|v| !vs.iter().any(|x| x == v)),
+                Requirement::Exists(k) => get(k).is_some(),
+                Requirement::DoesNotExist(k) => get(k).is_none(),
             })
     }
 }
 
 impl Rule {
-    pub fn matches(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+    pub fn matches<K, V>(&self, namespace: &str, labels: &BTreeMap<K, V>) -> bool
+    where
+        K: std::borrow::Borrow<str> + Ord,
+        V: std::ops::Deref<Target = str>,
+    {
         self.namespaces
             .as_ref()
             .is_none_or(|ns| ns.iter().any(|n| n == namespace))
@@ -437,7 +446,7 @@ policy:
         let labels = BTreeMap::from([("nextflow.io/app".to_owned(), "nextflow".to_owned())]);
         assert!(cfg.rules[0].matches("nf", &labels));
         assert!(!cfg.rules[0].matches("default", &labels));
-        assert!(!cfg.rules[0].matches("nf", &BTreeMap::new()));
+        assert!(!cfg.rules[0].matches("nf", &BTreeMap::<String, String>::new()));
     }
 
     #[test]

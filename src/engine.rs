@@ -211,6 +211,7 @@ fn collect(
     let mut names = BTreeSet::new();
     if let Some(annotations) = pod.annotations() {
         for (key, value) in annotations {
+            let (key, value) = (&**key, &**value);
             let Some(name) = key
                 .strip_prefix(cfg.prefix.as_str())
                 .and_then(|r| r.strip_prefix('/'))
@@ -228,7 +229,7 @@ fn collect(
             match value.parse::<VolumeRequest>() {
                 Ok(req) => {
                     names.insert(name.to_owned());
-                    requests.push((name.to_owned(), Origin::Annotation(key.clone()), req));
+                    requests.push((name.to_owned(), Origin::Annotation(key.to_owned()), req));
                 }
                 Err(e) => errors.push(invalid(e.0)),
             }
@@ -359,13 +360,13 @@ fn resolve(
             .iter()
             .map(|n| {
                 list.iter()
-                    .position(|c| &c.name == n)
+                    .position(|c| *c.name == **n)
                     .ok_or_else(|| Denial {
                         reason: DenyReason::Conflict,
                         message: format!(
                             "{at}: {what} {n:?} is not in the pod ({what}s: {})",
                             list.iter()
-                                .map(|c| c.name.as_str())
+                                .map(|c| &*c.name)
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         ),
@@ -521,7 +522,7 @@ fn check_allowlists(policy: &crate::config::Policy, v: &Volume) -> Result<(), St
 
 // === impl the patch ===
 
-type Group<'a> = (&'static str, &'a [ContainerView], fn(&Planned) -> &[usize]);
+type Group<'a, 'p> = (&'static str, &'a [ContainerView<'p>], fn(&Planned) -> &[usize]);
 
 /// Checks the plan against the pod (conflicts, what is already there) and writes the patch.
 fn apply(
@@ -558,7 +559,7 @@ fn apply(
     }
 
     // Mounts, per container; the same checks for app and init containers.
-    let groups: [Group<'_>; 2] = [
+    let groups: [Group<'_, '_>; 2] = [
         ("containers", pod.containers(), |p| &p.containers),
         ("initContainers", pod.init_containers(), |p| {
             &p.init_containers
@@ -580,7 +581,7 @@ fn apply(
                 .volume_mounts
                 .iter()
                 .flatten()
-                .map(|m| (normalize(&m.mount_path), m.name.as_str()))
+                .map(|m| (normalize(&m.mount_path), &*m.name))
                 .collect();
             let mut new_env = Vec::new();
             for p in &mine {
@@ -600,7 +601,7 @@ fn apply(
                     }
                 }
                 for var in &p.env {
-                    match c.env.iter().flatten().find(|e| &e.name == var) {
+                    match c.env.iter().flatten().find(|e| *e.name == **var) {
                         Some(e) if e.value.as_deref() == Some(p.mount.mount_path.as_str()) => {}
                         Some(_) => out.warnings.push(format!(
                             "volume {}: container {} already sets {var}; left alone",
@@ -674,7 +675,7 @@ fn apply(
 }
 
 fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
-    let resource = |map: Option<&BTreeMap<String, String>>, key: &str| {
+    let resource = |map: Option<&crate::pod::StrMap<'_>>, key: &str| {
         map.and_then(|m| m.get(key))
             .and_then(|q| q.parse::<Quantity>().ok())
     };
@@ -734,7 +735,7 @@ fn annotate(pod: &PodView, target: Target<'_>, key: &str, value: &str, ops: &mut
             format!("{base}/metadata/annotations"),
             PatchValue::Map(BTreeMap::from([(key.to_owned(), value.to_owned())])),
         )),
-        Some(Some(a)) if a.get(key).map(String::as_str) == Some(value) => {}
+        Some(Some(a)) if a.get(key).map(|v| &**v) == Some(value) => {}
         Some(Some(_)) => ops.push(PatchOp::add(
             format!("{base}/metadata/annotations/{}", escape(key)),
             PatchValue::Text(value.to_owned()),

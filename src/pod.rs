@@ -1,81 +1,154 @@
 //! A narrow view of a pod (or pod template): only what the engine decides on.
 //!
-//! Everything else in the object is skipped by serde without being built; existing volumes are
-//! kept as raw JSON and parsed only when one of them has the name of a volume being injected.
+//! Everything else in the object is skipped by serde without being built; strings borrow from
+//! the request body unless they contain escapes; existing volumes are kept as raw JSON and
+//! parsed only when one of them has the name of a volume being injected.
 
-use std::collections::BTreeMap;
+use std::{borrow::Borrow, borrow::Cow, collections::BTreeMap, fmt, ops::Deref};
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, de};
 use serde_json::value::RawValue;
 
+/// A string borrowed from the input when it has no escapes, owned otherwise.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Str<'a>(pub Cow<'a, str>);
+
+impl Deref for Str<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for Str<'_> {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Str<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Str<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+pub type StrMap<'a> = BTreeMap<Str<'a>, Str<'a>>;
+
 #[derive(Debug, Default, Deserialize)]
-pub struct PodView {
-    #[serde(default)]
-    pub metadata: Option<MetaView>,
-    #[serde(default)]
-    pub spec: Option<SpecView>,
+pub struct PodView<'a> {
+    #[serde(borrow, default)]
+    pub metadata: Option<MetaView<'a>>,
+    #[serde(borrow, default)]
+    pub spec: Option<SpecView<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MetaView {
-    pub name: Option<String>,
-    pub generate_name: Option<String>,
-    pub namespace: Option<String>,
-    pub labels: Option<BTreeMap<String, String>>,
-    pub annotations: Option<BTreeMap<String, String>>,
+pub struct MetaView<'a> {
+    #[serde(borrow, default)]
+    pub name: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    pub generate_name: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    pub labels: Option<StrMap<'a>>,
+    #[serde(borrow, default)]
+    pub annotations: Option<StrMap<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SpecView {
-    pub containers: Option<Vec<ContainerView>>,
-    pub init_containers: Option<Vec<ContainerView>>,
-    pub volumes: Option<Vec<Box<RawValue>>>,
+pub struct SpecView<'a> {
+    #[serde(borrow, default)]
+    pub containers: Option<Vec<ContainerView<'a>>>,
+    #[serde(borrow, default)]
+    pub init_containers: Option<Vec<ContainerView<'a>>>,
+    #[serde(borrow, default)]
+    pub volumes: Option<Vec<&'a RawValue>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ContainerView {
-    pub name: String,
-    pub volume_mounts: Option<Vec<MountView>>,
-    pub env: Option<Vec<EnvView>>,
-    pub resources: Option<ResourcesView>,
-    pub restart_policy: Option<String>,
+pub struct ContainerView<'a> {
+    #[serde(borrow)]
+    pub name: Str<'a>,
+    #[serde(borrow, default)]
+    pub volume_mounts: Option<Vec<MountView<'a>>>,
+    #[serde(borrow, default)]
+    pub env: Option<Vec<EnvView<'a>>>,
+    #[serde(borrow, default)]
+    pub resources: Option<ResourcesView<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MountView {
-    pub name: String,
-    pub mount_path: String,
+pub struct MountView<'a> {
+    #[serde(borrow)]
+    pub name: Str<'a>,
+    #[serde(borrow)]
+    pub mount_path: Str<'a>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct EnvView {
-    pub name: String,
-    pub value: Option<String>,
+pub struct EnvView<'a> {
+    #[serde(borrow)]
+    pub name: Str<'a>,
+    #[serde(borrow, default)]
+    pub value: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct ResourcesView {
-    pub limits: Option<BTreeMap<String, String>>,
-    pub requests: Option<BTreeMap<String, String>>,
+pub struct ResourcesView<'a> {
+    #[serde(borrow, default)]
+    pub limits: Option<StrMap<'a>>,
+    #[serde(borrow, default)]
+    pub requests: Option<StrMap<'a>>,
 }
 
 #[derive(Deserialize)]
 struct VolumeName<'a> {
     #[serde(borrow)]
-    name: std::borrow::Cow<'a, str>,
+    name: Str<'a>,
 }
 
-impl PodView {
-    pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
+impl<'a> PodView<'a> {
+    pub fn labels(&self) -> Option<&StrMap<'a>> {
         self.metadata.as_ref()?.labels.as_ref()
     }
 
-    pub fn annotations(&self) -> Option<&BTreeMap<String, String>> {
+    pub fn annotations(&self) -> Option<&StrMap<'a>> {
         self.metadata.as_ref()?.annotations.as_ref()
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations()?.get(key).map(|v| &**v)
     }
 
     /// `name`, or `generateName` followed by `*` for pods the API server has yet to name.
@@ -84,20 +157,20 @@ impl PodView {
             return String::new();
         };
         match (&m.name, &m.generate_name) {
-            (Some(n), _) if !n.is_empty() => n.clone(),
+            (Some(n), _) if !n.is_empty() => n.to_string(),
             (_, Some(g)) => format!("{g}*"),
             _ => String::new(),
         }
     }
 
-    pub fn containers(&self) -> &[ContainerView] {
+    pub fn containers(&self) -> &[ContainerView<'a>] {
         self.spec
             .as_ref()
             .and_then(|s| s.containers.as_deref())
             .unwrap_or_default()
     }
 
-    pub fn init_containers(&self) -> &[ContainerView] {
+    pub fn init_containers(&self) -> &[ContainerView<'a>] {
         self.spec
             .as_ref()
             .and_then(|s| s.init_containers.as_deref())
@@ -105,15 +178,29 @@ impl PodView {
     }
 
     /// The existing volume with this name, as raw JSON.
-    pub fn volume(&self, name: &str) -> Option<&RawValue> {
+    pub fn volume(&self, name: &str) -> Option<&'a RawValue> {
         self.spec
             .as_ref()?
             .volumes
             .as_ref()?
             .iter()
             .find(|raw| {
-                serde_json::from_str::<VolumeName<'_>>(raw.get()).is_ok_and(|v| v.name == name)
+                serde_json::from_str::<VolumeName<'_>>(raw.get()).is_ok_and(|v| &*v.name == name)
             })
-            .map(|b| &**b)
+            .copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_borrow_unless_escaped() {
+        let body = r#"{"metadata":{"name":"plain","annotations":{"k":"{\"a\":1}"}}}"#;
+        let pod: PodView<'_> = serde_json::from_str(body).unwrap();
+        let meta = pod.metadata.as_ref().unwrap();
+        assert!(matches!(meta.name.as_ref().unwrap().0, Cow::Borrowed("plain")));
+        assert_eq!(pod.annotation("k"), Some(r#"{"a":1}"#));
     }
 }

@@ -15,7 +15,7 @@ use crate::{
     config::Config,
     engine::{self, DenyReason, Outcome, Target},
     patch,
-    pod::PodView,
+    pod::{PodView, Str},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -30,18 +30,24 @@ pub enum ReviewError {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewIn<'a> {
+#[serde(bound(deserialize = "O: Deserialize<'de>, 'de: 'a"))]
+struct ReviewIn<'a, O> {
     #[serde(borrow)]
     api_version: &'a str,
     #[serde(borrow)]
     kind: &'a str,
-    #[serde(borrow, default)]
-    request: Option<RequestIn<'a>>,
+    #[serde(default = "none")]
+    request: Option<RequestIn<'a, O>>,
+}
+
+fn none<T>() -> Option<T> {
+    None
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RequestIn<'a> {
+#[serde(bound(deserialize = "O: Deserialize<'de>, 'de: 'a"))]
+struct RequestIn<'a, O> {
     #[serde(borrow)]
     uid: &'a str,
     #[serde(borrow)]
@@ -49,10 +55,10 @@ struct RequestIn<'a> {
     operation: Operation,
     #[serde(borrow, default)]
     sub_resource: Option<&'a str>,
-    #[serde(default)]
-    namespace: Option<String>,
     #[serde(borrow, default)]
-    object: Option<&'a RawValue>,
+    namespace: Option<Str<'a>>,
+    #[serde(default = "none")]
+    object: Option<O>,
     #[serde(default)]
     dry_run: Option<bool>,
 }
@@ -120,9 +126,47 @@ pub struct Handled {
 
 /// Decodes a review, decides, and encodes the response.
 pub fn handle(cfg: &Config, body: &[u8]) -> Result<Handled, ReviewError> {
-    let review: ReviewIn<'_> = serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+    // One pass: the object is decoded as a narrow pod view while the envelope is read. Should
+    // it not fit that view (it is not a pod), read it again keeping the object raw.
+    match serde_json::from_slice::<ReviewIn<'_, PodView<'_>>>(body) {
+        Ok(review) => decide(cfg, review),
+        Err(pod_error) => {
+            let review: ReviewIn<'_, &RawValue> =
+                serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+            let req = review.request.as_ref().ok_or(ReviewError::NoRequest)?;
+            if is_pod_create(req) {
+                return Err(ReviewError::Malformed(pod_error));
+            }
+            decide(
+                cfg,
+                ReviewIn::<PodView<'_>> {
+                    api_version: review.api_version,
+                    kind: review.kind,
+                    request: review.request.map(|r| RequestIn {
+                        uid: r.uid,
+                        kind: r.kind,
+                        operation: r.operation,
+                        sub_resource: r.sub_resource,
+                        namespace: r.namespace,
+                        object: None,
+                        dry_run: r.dry_run,
+                    }),
+                },
+            )
+        }
+    }
+}
+
+fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
+    req.kind.group.is_empty()
+        && req.kind.kind == "Pod"
+        && req.operation == Operation::Create
+        && req.sub_resource.is_none_or(str::is_empty)
+}
+
+fn decide(cfg: &Config, review: ReviewIn<'_, PodView<'_>>) -> Result<Handled, ReviewError> {
     let req = review.request.ok_or(ReviewError::NoRequest)?;
-    let namespace = req.namespace.unwrap_or_default();
+    let namespace = req.namespace.as_deref().unwrap_or_default().to_owned();
     let mut handled = Handled {
         body: Vec::new(),
         verdict: Verdict::Unchanged,
@@ -133,17 +177,12 @@ pub fn handle(cfg: &Config, body: &[u8]) -> Result<Handled, ReviewError> {
         message: None,
         dry_run: req.dry_run.unwrap_or(false),
     };
-    let is_pod_create = req.kind.group.is_empty()
-        && req.kind.kind == "Pod"
-        && req.operation == Operation::Create
-        && req.sub_resource.is_none_or(str::is_empty);
-    let outcome = match (is_pod_create, req.object) {
-        (true, Some(raw)) => {
-            let pod: PodView = serde_json::from_str(raw.get()).map_err(ReviewError::Malformed)?;
+    let outcome = match (is_pod_create(&req), &req.object) {
+        (true, Some(pod)) => {
             handled.pod = pod.display_name();
             engine::mutate(
                 cfg,
-                &pod,
+                pod,
                 Target {
                     namespace: &handled.namespace,
                     base: "",
