@@ -11,8 +11,10 @@ use serde_json::{Value, json};
 
 fn body() -> Vec<u8> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
-    let pod: Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{dir}/inputs/nextflow-pod-mode.json")).unwrap()).unwrap();
+    let pod: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/inputs/nextflow-pod-mode.json")).unwrap(),
+    )
+    .unwrap();
     serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -36,7 +38,11 @@ fn body() -> Vec<u8> {
 
 fn bench(c: &mut Criterion) {
     let body = body();
-    let cfg = Config::load(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/config.yaml"))).unwrap();
+    let cfg = Config::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/config.yaml"
+    )))
+    .unwrap();
     let mut g = c.benchmark_group(format!("review-{}B", body.len()));
     g.bench_function("baseline: from_slice::<IgnoredAny>", |b| {
         b.iter(|| serde_json::from_slice::<IgnoredAny>(black_box(&body)).unwrap())

@@ -108,7 +108,7 @@ impl Origin {
 struct Planned {
     name: String,
     kind: VolumeKind,
-    volume: Volume,
+    volume: Box<Volume>,
     mount: VolumeMount,
     env: Vec<String>,
     containers: Vec<usize>,
@@ -260,14 +260,14 @@ fn resolve(
     origin: &Origin,
     req: VolumeRequest,
 ) -> Result<Planned, Denial> {
-    let at = origin.describe(name);
+    let at = || origin.describe(name);
     let invalid = |m: String| Denial {
         reason: DenyReason::Invalid,
-        message: format!("{at}: {m}"),
+        message: format!("{}: {m}", at()),
     };
     let forbidden = |m: String| Denial {
         reason: DenyReason::Policy,
-        message: format!("{at}: {m}"),
+        message: format!("{}: {m}", at()),
     };
     let checked = matches!(origin, Origin::Annotation(_));
     let policy = &cfg.policy;
@@ -364,11 +364,9 @@ fn resolve(
                     .ok_or_else(|| Denial {
                         reason: DenyReason::Conflict,
                         message: format!(
-                            "{at}: {what} {n:?} is not in the pod ({what}s: {})",
-                            list.iter()
-                                .map(|c| &*c.name)
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            "{}: {what} {n:?} is not in the pod ({what}s: {})",
+                            at(),
+                            list.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
                         ),
                     })
             })
@@ -413,11 +411,11 @@ fn pick<T>(
     f(req).or_else(|| base.and_then(&f))
 }
 
-fn into_volume(name: &str, source: Source) -> (VolumeKind, Volume) {
-    let mut v = Volume {
+fn into_volume(name: &str, source: Source) -> (VolumeKind, Box<Volume>) {
+    let mut v = Box::new(Volume {
         name: name.to_owned(),
         ..Default::default()
-    };
+    });
     let kind = match source {
         Source::EmptyDir(e) => {
             v.empty_dir = Some(e);
@@ -522,7 +520,11 @@ fn check_allowlists(policy: &crate::config::Policy, v: &Volume) -> Result<(), St
 
 // === impl the patch ===
 
-type Group<'a, 'p> = (&'static str, &'a [ContainerView<'p>], fn(&Planned) -> &[usize]);
+type Group<'a, 'p> = (
+    &'static str,
+    &'a [ContainerView<'p>],
+    fn(&Planned) -> &[usize],
+);
 
 /// Checks the plan against the pod (conflicts, what is already there) and writes the patch.
 fn apply(
@@ -657,7 +659,7 @@ fn apply(
         ops,
         has_volumes,
         format!("{base}/spec/volumes"),
-        new_volumes.iter().map(|p| p.volume.clone()).collect(),
+        new_volumes.iter().map(|p| (*p.volume).clone()).collect(),
         PatchValue::Volumes,
         |v| PatchValue::Volume(Box::new(v)),
     );

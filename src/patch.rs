@@ -51,7 +51,9 @@ pub fn escape(token: &str) -> std::borrow::Cow<'_, str> {
 
 /// Serialises a patch to the bytes the AdmissionReview carries (before base64).
 pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(ops)
+    let mut out = Vec::with_capacity(256 * ops.len());
+    serde_json::to_writer(&mut out, ops)?;
+    Ok(out)
 }
 
 #[cfg(test)]

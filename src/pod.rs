@@ -200,7 +200,10 @@ mod tests {
         let body = r#"{"metadata":{"name":"plain","annotations":{"k":"{\"a\":1}"}}}"#;
         let pod: PodView<'_> = serde_json::from_str(body).unwrap();
         let meta = pod.metadata.as_ref().unwrap();
-        assert!(matches!(meta.name.as_ref().unwrap().0, Cow::Borrowed("plain")));
+        assert!(matches!(
+            meta.name.as_ref().unwrap().0,
+            Cow::Borrowed("plain")
+        ));
         assert_eq!(pod.annotation("k"), Some(r#"{"a":1}"#));
     }
 }

@@ -72,29 +72,6 @@ struct Gvk<'a> {
 }
 
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ReviewOut<'a> {
-    api_version: &'a str,
-    kind: &'a str,
-    response: ResponseOut<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ResponseOut<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<StatusOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    warnings: &'a [String],
-}
-
-#[derive(Serialize)]
 struct StatusOut<'a> {
     status: &'static str,
     code: u16,
@@ -202,6 +179,8 @@ fn decide(cfg: &Config, review: ReviewIn<'_, PodView<'_>>) -> Result<Handled, Re
     Ok(handled)
 }
 
+/// Writes the response envelope by hand so the base64 patch goes straight into the output
+/// (serde would scan every byte of it for characters to escape, and there are none).
 fn encode(
     api_version: &str,
     kind: &str,
@@ -210,35 +189,152 @@ fn encode(
 ) -> Result<Vec<u8>, ReviewError> {
     let allowed = outcome.allowed();
     let patch = if allowed && !outcome.patch.is_empty() {
-        let bytes = patch::to_json(&outcome.patch).map_err(ReviewError::Serialize)?;
-        Some(STANDARD.encode(bytes))
+        Some(patch::to_json(&outcome.patch).map_err(ReviewError::Serialize)?)
     } else {
         None
     };
-    let status = match &outcome.denial {
-        Some(d) if !allowed => Some(StatusOut {
-            status: "Failure",
-            code: d.code(),
-            reason: match d.reason {
-                DenyReason::Invalid => "BadRequest",
-                DenyReason::Policy => "Forbidden",
-                DenyReason::Conflict => "Invalid",
+    let mut out = Vec::with_capacity(256 + patch.as_ref().map_or(0, |p| p.len() * 4 / 3 + 4));
+    let json =
+        |out: &mut Vec<u8>, v: &dyn erased::Json| v.write(out).map_err(ReviewError::Serialize);
+    out.extend_from_slice(b"{\"apiVersion\":");
+    json(&mut out, &api_version)?;
+    out.extend_from_slice(b",\"kind\":");
+    json(&mut out, &kind)?;
+    out.extend_from_slice(b",\"response\":{\"uid\":");
+    json(&mut out, &uid)?;
+    out.extend_from_slice(if allowed {
+        b",\"allowed\":true"
+    } else {
+        b",\"allowed\":false"
+    });
+    if let Some(d) = outcome.denial.as_ref().filter(|_| !allowed) {
+        out.extend_from_slice(b",\"status\":");
+        json(
+            &mut out,
+            &StatusOut {
+                status: "Failure",
+                code: d.code(),
+                reason: match d.reason {
+                    DenyReason::Invalid => "BadRequest",
+                    DenyReason::Policy => "Forbidden",
+                    DenyReason::Conflict => "Invalid",
+                },
+                message: &d.message,
             },
-            message: &d.message,
-        }),
-        _ => None,
-    };
-    let out = ReviewOut {
-        api_version,
-        kind,
-        response: ResponseOut {
-            uid,
-            allowed,
-            status,
-            patch_type: patch.as_ref().map(|_| "JSONPatch"),
-            patch,
-            warnings: &outcome.warnings,
-        },
-    };
-    serde_json::to_vec(&out).map_err(ReviewError::Serialize)
+        )?;
+    }
+    if let Some(p) = patch {
+        out.extend_from_slice(b",\"patchType\":\"JSONPatch\",\"patch\":\"");
+        let start = out.len();
+        out.resize(start + base64::encoded_len(p.len(), true).unwrap_or(0), 0);
+        let written = STANDARD
+            .encode_slice(&p, &mut out[start..])
+            .map_err(|e| ReviewError::Serialize(serde::ser::Error::custom(e)))?;
+        out.truncate(start + written);
+        out.push(b'"');
+    }
+    if !outcome.warnings.is_empty() {
+        out.extend_from_slice(b",\"warnings\":");
+        json(&mut out, &outcome.warnings)?;
+    }
+    out.extend_from_slice(b"}}");
+    Ok(out)
+}
+
+mod erased {
+    /// Object-safe "serialise as JSON into this buffer".
+    pub trait Json {
+        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
+    }
+    impl<T: serde::Serialize + ?Sized> Json for T {
+        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+            serde_json::to_writer(out, self)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Denial;
+    use serde_json::{Value, json};
+
+    fn body(kind: &str, op: &str, object: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": kind},
+                        "operation": op, "namespace": "nf", "object": object}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_envelope_is_valid_json_with_escaped_strings() {
+        let outcome = Outcome {
+            denial: Some(Denial {
+                reason: DenyReason::Policy,
+                message: "a \"quoted\" \\ message\n".into(),
+            }),
+            warnings: vec!["w\"1".into()],
+            ..Outcome::default()
+        };
+        let out: Value = serde_json::from_slice(
+            &encode("admission.k8s.io/v1", "AdmissionReview", "u\"1", &outcome).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(out["response"]["uid"], "u\"1");
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["code"], 403);
+        assert_eq!(
+            out["response"]["status"]["message"],
+            "a \"quoted\" \\ message\n"
+        );
+        assert_eq!(out["response"]["warnings"][0], "w\"1");
+        assert!(out["response"].get("patch").is_none());
+    }
+
+    #[test]
+    fn only_pod_create_is_mutated() {
+        let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/x": "type=emptyDir,mountPath=/x"}},
+                         "spec": {"containers": [{"name": "c"}]}});
+        let cfg = Config::default();
+        let h = handle(&cfg, &body("Pod", "CREATE", pod.clone())).unwrap();
+        assert_eq!(h.verdict, Verdict::Mutated);
+        for (kind, op) in [
+            ("Pod", "UPDATE"),
+            ("Pod", "DELETE"),
+            ("ConfigMap", "CREATE"),
+        ] {
+            let h = handle(&cfg, &body(kind, op, pod.clone())).unwrap();
+            assert_eq!(h.verdict, Verdict::Unchanged, "{kind} {op}");
+            let out: Value = serde_json::from_slice(&h.body).unwrap();
+            assert_eq!(out["response"]["allowed"], true);
+            assert!(out["response"].get("patch").is_none());
+        }
+        // A non-pod object that does not fit the pod view is still passed through.
+        let odd = json!({"spec": {"containers": "not a list"}});
+        let h = handle(&cfg, &body("Widget", "CREATE", odd.clone())).unwrap();
+        assert_eq!(h.verdict, Verdict::Unchanged);
+        assert!(matches!(
+            handle(&cfg, &body("Pod", "CREATE", odd)),
+            Err(ReviewError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn malformed_bodies_are_errors_not_panics() {
+        let cfg = Config::default();
+        assert!(matches!(handle(&cfg, b"{"), Err(ReviewError::Malformed(_))));
+        assert!(matches!(
+            handle(&cfg, b"[]"),
+            Err(ReviewError::Malformed(_))
+        ));
+        assert!(matches!(
+            handle(
+                &cfg,
+                br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#
+            ),
+            Err(ReviewError::NoRequest)
+        ));
+    }
 }

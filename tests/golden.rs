@@ -14,31 +14,103 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case { name: "nextflow-pod-mode", input: "nextflow-pod-mode.json", config: "config.yaml" },
-    Case { name: "nextflow-job-mode", input: "nextflow-job-mode.json", config: "config.yaml" },
-    Case { name: "rule-only-job-pod", input: "rule-only-job-pod.yaml", config: "config.yaml" },
-    Case { name: "multi-container", input: "multi-container.yaml", config: "config.yaml" },
-    Case { name: "job", input: "job.yaml", config: "config.yaml" },
-    Case { name: "cronjob", input: "cronjob.yaml", config: "config.yaml" },
-    Case { name: "deployment", input: "deployment.yaml", config: "config.yaml" },
-    Case { name: "statefulset", input: "statefulset.yaml", config: "config.yaml" },
-    Case { name: "daemonset", input: "daemonset.yaml", config: "config.yaml" },
-    Case { name: "replicaset", input: "replicaset.yaml", config: "config.yaml" },
-    Case { name: "no-request", input: "no-request.yaml", config: "config.yaml" },
-    Case { name: "conflict-volume", input: "conflict-volume.yaml", config: "config.yaml" },
-    Case { name: "conflict-mountpath", input: "conflict-mountpath.yaml", config: "config.yaml" },
-    Case { name: "policy-denied", input: "policy-denied.yaml", config: "config.yaml" },
-    Case { name: "invalid-annotation", input: "invalid-annotation.yaml", config: "config.yaml" },
-    Case { name: "invalid-annotation-warn", input: "invalid-annotation.yaml", config: "config-warn.yaml" },
-    Case { name: "nextflow-pod-mode-defaults", input: "nextflow-pod-mode.json", config: "" },
+    Case {
+        name: "nextflow-pod-mode",
+        input: "nextflow-pod-mode.json",
+        config: "config.yaml",
+    },
+    Case {
+        name: "nextflow-job-mode",
+        input: "nextflow-job-mode.json",
+        config: "config.yaml",
+    },
+    Case {
+        name: "rule-only-job-pod",
+        input: "rule-only-job-pod.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "multi-container",
+        input: "multi-container.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "job",
+        input: "job.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "cronjob",
+        input: "cronjob.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "deployment",
+        input: "deployment.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "statefulset",
+        input: "statefulset.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "daemonset",
+        input: "daemonset.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "replicaset",
+        input: "replicaset.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "no-request",
+        input: "no-request.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "conflict-volume",
+        input: "conflict-volume.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "conflict-mountpath",
+        input: "conflict-mountpath.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "policy-denied",
+        input: "policy-denied.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "invalid-annotation",
+        input: "invalid-annotation.yaml",
+        config: "config.yaml",
+    },
+    Case {
+        name: "invalid-annotation-warn",
+        input: "invalid-annotation.yaml",
+        config: "config-warn.yaml",
+    },
+    Case {
+        name: "nextflow-pod-mode-defaults",
+        input: "nextflow-pod-mode.json",
+        config: "",
+    },
 ];
 
 fn data(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(p)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
 }
 
 fn golden(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(p)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(p)
 }
 
 fn check_golden(path: &Path, actual: &Value) {
@@ -48,8 +120,12 @@ fn check_golden(path: &Path, actual: &Value) {
         std::fs::write(path, &text).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()));
+    let expected = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
     assert_eq!(
         serde_json::from_str::<Value>(&expected).unwrap(),
         *actual,
@@ -96,14 +172,26 @@ fn golden_outputs_match_and_a_second_pass_changes_nothing() {
         });
         check_golden(&golden(&format!("{}.json", case.name)), &summary);
         if !o.allowed() {
-            assert!(o.patch.is_empty(), "{}: a denial carries no patch", case.name);
+            assert!(
+                o.patch.is_empty(),
+                "{}: a denial carries no patch",
+                case.name
+            );
             continue;
         }
-        check_golden(&golden(&format!("{}.out.json", case.name)), &preview.mutated);
+        check_golden(
+            &golden(&format!("{}.out.json", case.name)),
+            &preview.mutated,
+        );
         deserializes_as_its_kind(&preview.mutated);
 
         let again = workload::preview(&cfg, &preview.mutated, None).unwrap();
-        assert!(again.outcome.allowed(), "{}: second pass denied: {:?}", case.name, again.outcome.denial);
+        assert!(
+            again.outcome.allowed(),
+            "{}: second pass denied: {:?}",
+            case.name,
+            again.outcome.denial
+        );
         assert!(
             again.outcome.patch.is_empty(),
             "{}: second pass is not idempotent: {:?}",

@@ -12,18 +12,37 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 const NAMES: [&str; 5] = ["scratch", "shm", "secrets", "cache", "work-tmp"];
-const PATHS: [&str; 6] = ["/scratch", "/dev/shm", "/mnt/secrets", "/data/0", "/tmp/x", "/scratch/"];
+const PATHS: [&str; 6] = [
+    "/scratch",
+    "/dev/shm",
+    "/mnt/secrets",
+    "/data/0",
+    "/tmp/x",
+    "/scratch/",
+];
 
 fn annotation_value() -> impl Strategy<Value = String> {
     let path = prop::sample::select(PATHS.to_vec());
     let size = prop::sample::select(vec!["", "1Gi", "512Mi", "2G", "1.5Gi", "300Gi"]);
-    let target = prop::sample::select(vec!["", ",containers=c0", ",containers=c1;c0", ",initContainers=true", ",containers=nope"]);
-    let env = prop::sample::select(vec!["", ",env=TMPDIR", ",env=TMPDIR;SCRATCH", ",env=NXF_OWNER"]);
+    let target = prop::sample::select(vec![
+        "",
+        ",containers=c0",
+        ",containers=c1;c0",
+        ",initContainers=true",
+        ",containers=nope",
+    ]);
+    let env = prop::sample::select(vec![
+        "",
+        ",env=TMPDIR",
+        ",env=TMPDIR;SCRATCH",
+        ",env=NXF_OWNER",
+    ]);
     let source = prop::sample::select(vec![
         "type=emptyDir".to_owned(),
         "type=emptyDir,medium=Memory".to_owned(),
         "type=ephemeral,storageClass=gp3".to_owned(),
-        "type=csi,driver=secrets-store.csi.k8s.io,attr.secretProviderClass=db,readOnly=true".to_owned(),
+        "type=csi,driver=secrets-store.csi.k8s.io,attr.secretProviderClass=db,readOnly=true"
+            .to_owned(),
         "profile=shm".to_owned(),
         "shm".to_owned(),
         "type=emptyDir,sizee=1Gi".to_owned(),
@@ -37,7 +56,11 @@ fn annotation_value() -> impl Strategy<Value = String> {
         } else {
             format!(",size={size}")
         };
-        let size = if source.starts_with("type=ephemeral") && size.is_empty() { ",size=10Gi".into() } else { size };
+        let size = if source.starts_with("type=ephemeral") && size.is_empty() {
+            ",size=10Gi".into()
+        } else {
+            size
+        };
         format!("{source},mountPath={path}{size}{target}{env}")
     })
 }

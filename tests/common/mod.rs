@@ -38,11 +38,17 @@ pub fn apply_response(request: &Value, response: &Value, pod: &Value) -> Value {
     let r = &response["response"];
     assert_eq!(r["uid"], request["request"]["uid"]);
     let has_patch = r.get("patch").is_some();
-    assert_eq!(has_patch, r.get("patchType").is_some(), "patch and patchType go together: {r}");
+    assert_eq!(
+        has_patch,
+        r.get("patchType").is_some(),
+        "patch and patchType go together: {r}"
+    );
     let mut out = pod.clone();
     if has_patch {
         assert_eq!(r["patchType"], "JSONPatch");
-        let bytes = STANDARD.decode(r["patch"].as_str().expect("patch is a base64 string")).unwrap();
+        let bytes = STANDARD
+            .decode(r["patch"].as_str().expect("patch is a base64 string"))
+            .unwrap();
         let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
         json_patch::patch(&mut out, &patch).unwrap();
     }
@@ -50,7 +56,9 @@ pub fn apply_response(request: &Value, response: &Value, pod: &Value) -> Value {
 }
 
 pub fn read_input(name: &str) -> Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/inputs").join(name);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/inputs")
+        .join(name);
     let text = std::fs::read_to_string(&p).unwrap();
     yaml_serde::from_str(&text).unwrap()
 }
