@@ -4,6 +4,10 @@
 
 use std::hint::black_box;
 
+// The binary runs with mimalloc (src/main.rs); measure what it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use evi::{config::Config, review};
 use serde::de::IgnoredAny;
@@ -49,6 +53,35 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("engine: decode+decide+encode", |b| {
         b.iter(|| review::handle(black_box(&cfg), black_box(&body)).unwrap())
+    });
+    let pod_bytes =
+        serde_json::to_vec(&serde_json::from_slice::<Value>(&body).unwrap()["request"]["object"])
+            .unwrap();
+    g.bench_function("breakdown: pod view decode", |b| {
+        b.iter(|| {
+            serde_json::from_slice::<evi::pod::PodView>(black_box(&pod_bytes))
+                .unwrap()
+                .spec
+                .is_some()
+        })
+    });
+    g.bench_function("breakdown: pod IgnoredAny scan", |b| {
+        b.iter(|| serde_json::from_slice::<IgnoredAny>(black_box(&pod_bytes)).unwrap())
+    });
+    let pod: evi::pod::PodView = serde_json::from_slice(&pod_bytes).unwrap();
+    g.bench_function("breakdown: decide only", |b| {
+        b.iter(|| {
+            evi::engine::mutate(
+                &cfg,
+                black_box(&pod),
+                evi::engine::Target {
+                    namespace: "nf",
+                    base: "",
+                },
+            )
+            .patch
+            .len()
+        })
     });
     g.finish();
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::{
-    api::core::v1::{EmptyDirVolumeSource, EnvVar, Volume, VolumeMount},
+    api::core::v1::{EmptyDirVolumeSource, EnvVar, VolumeMount},
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 use serde_json::Value;
@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::{
     annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
     config::{Config, OnError},
-    patch::{PatchOp, PatchValue, escape},
+    patch::{InjectedVolume, PatchOp, PatchValue, escape},
     pod::{ContainerView, PodView},
     quantity::Quantity,
 };
@@ -108,7 +108,7 @@ impl Origin {
 struct Planned {
     name: String,
     kind: VolumeKind,
-    volume: Box<Volume>,
+    volume: InjectedVolume,
     mount: VolumeMount,
     env: Vec<String>,
     containers: Vec<usize>,
@@ -411,11 +411,13 @@ fn pick<T>(
     f(req).or_else(|| base.and_then(&f))
 }
 
-fn into_volume(name: &str, source: Source) -> (VolumeKind, Box<Volume>) {
-    let mut v = Box::new(Volume {
+fn into_volume(name: &str, source: Source) -> (VolumeKind, InjectedVolume) {
+    let mut v = InjectedVolume {
         name: name.to_owned(),
-        ..Default::default()
-    });
+        empty_dir: None,
+        csi: None,
+        ephemeral: None,
+    };
     let kind = match source {
         Source::EmptyDir(e) => {
             v.empty_dir = Some(e);
@@ -426,7 +428,7 @@ fn into_volume(name: &str, source: Source) -> (VolumeKind, Box<Volume>) {
             VolumeKind::Csi
         }
         Source::Ephemeral(e) => {
-            v.ephemeral = Some(*e);
+            v.ephemeral = Some(e);
             VolumeKind::Ephemeral
         }
         // Profiles never name profiles (checked when the configuration is loaded).
@@ -438,7 +440,7 @@ fn into_volume(name: &str, source: Source) -> (VolumeKind, Box<Volume>) {
     (kind, v)
 }
 
-fn set_size(v: &mut Volume, size: &str) -> Result<(), String> {
+fn set_size(v: &mut InjectedVolume, size: &str) -> Result<(), String> {
     if let Some(e) = v.empty_dir.as_mut() {
         e.size_limit = Some(K8sQuantity(size.to_owned()));
     } else if let Some(t) = v
@@ -459,7 +461,7 @@ fn set_size(v: &mut Volume, size: &str) -> Result<(), String> {
 }
 
 /// The requested size (emptyDir sizeLimit or PVC storage request) and whether it is RAM.
-fn size_of(v: &Volume) -> Result<(Option<Quantity>, bool), String> {
+fn size_of(v: &InjectedVolume) -> Result<(Option<Quantity>, bool), String> {
     let parse = |q: &K8sQuantity| q.0.parse::<Quantity>().map_err(|e| format!("size: {e}"));
     if let Some(e) = &v.empty_dir {
         let size = e.size_limit.as_ref().map(parse).transpose()?;
@@ -483,7 +485,7 @@ fn size_of(v: &Volume) -> Result<(Option<Quantity>, bool), String> {
     Ok((None, false))
 }
 
-fn check_allowlists(policy: &crate::config::Policy, v: &Volume) -> Result<(), String> {
+fn check_allowlists(policy: &crate::config::Policy, v: &InjectedVolume) -> Result<(), String> {
     if let (Some(allowed), Some(csi)) = (&policy.csi_drivers, &v.csi)
         && !allowed.contains(&csi.driver)
     {
@@ -543,8 +545,13 @@ fn apply(
 
     // Volumes: identical ones count as done, different ones are conflicts.
     let mut new_volumes = Vec::new();
+    let existing_volumes = pod.volumes_by_name();
     for p in planned {
-        match pod.volume(&p.name) {
+        let found = existing_volumes
+            .iter()
+            .find(|(n, _)| **n == *p.name)
+            .map(|(_, raw)| *raw);
+        match found {
             None => new_volumes.push(p),
             Some(raw) => {
                 let existing: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
@@ -659,9 +666,9 @@ fn apply(
         ops,
         has_volumes,
         format!("{base}/spec/volumes"),
-        new_volumes.iter().map(|p| (*p.volume).clone()).collect(),
+        new_volumes.iter().map(|p| p.volume.clone()).collect(),
         PatchValue::Volumes,
-        |v| PatchValue::Volume(Box::new(v)),
+        PatchValue::Volume,
     );
     ops.extend(mount_ops);
     ops.extend(env_ops);

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    CSIVolumeSource, EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource, Volume, VolumeMount,
+};
 use serde::Serialize;
 
 /// The webhook only ever adds: whole arrays where they are missing, `/-` appends otherwise,
@@ -17,8 +19,8 @@ pub struct PatchOp {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum PatchValue {
-    Volume(Box<Volume>),
-    Volumes(Vec<Volume>),
+    Volume(InjectedVolume),
+    Volumes(Vec<InjectedVolume>),
     Mount(VolumeMount),
     Mounts(Vec<VolumeMount>),
     Env(EnvVar),
@@ -28,6 +30,32 @@ pub enum PatchValue {
     Metadata {
         annotations: BTreeMap<String, String>,
     },
+}
+
+/// A `core/v1` Volume with one of the three sources this webhook injects. It serialises exactly
+/// as k8s-openapi's `Volume` does, without carrying that type's 3 KB of other sources around.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InjectedVolume {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDirVolumeSource>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub csi: Option<CSIVolumeSource>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<Box<EphemeralVolumeSource>>,
+}
+
+impl From<InjectedVolume> for Volume {
+    fn from(v: InjectedVolume) -> Volume {
+        Volume {
+            name: v.name,
+            empty_dir: v.empty_dir,
+            csi: v.csi,
+            ephemeral: v.ephemeral.map(|e| *e),
+            ..Volume::default()
+        }
+    }
 }
 
 impl PatchOp {
@@ -59,6 +87,26 @@ pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn injected_volumes_serialise_as_kubernetes_volumes() {
+        let v = InjectedVolume {
+            name: "scratch".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                    "1Gi".into(),
+                )),
+            }),
+            csi: None,
+            ephemeral: None,
+        };
+        let ours = serde_json::to_value(&v).unwrap();
+        let theirs = serde_json::to_value(Volume::from(v)).unwrap();
+        assert_eq!(ours, theirs);
+        let back: Volume = serde_json::from_value(ours).unwrap();
+        assert_eq!(back.name, "scratch");
+    }
 
     #[test]
     fn escape_follows_rfc_6901() {

@@ -177,17 +177,20 @@ impl<'a> PodView<'a> {
             .unwrap_or_default()
     }
 
-    /// The existing volume with this name, as raw JSON.
-    pub fn volume(&self, name: &str) -> Option<&'a RawValue> {
+    /// Every existing volume with its name, parsed once per decision.
+    pub fn volumes_by_name(&self) -> Vec<(Str<'a>, &'a RawValue)> {
         self.spec
-            .as_ref()?
-            .volumes
-            .as_ref()?
-            .iter()
-            .find(|raw| {
-                serde_json::from_str::<VolumeName<'_>>(raw.get()).is_ok_and(|v| &*v.name == name)
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|raw| {
+                let raw: &'a RawValue = raw;
+                serde_json::from_str::<VolumeName<'a>>(raw.get())
+                    .ok()
+                    .map(|v| (v.name, raw))
             })
-            .copied()
+            .collect()
     }
 }
 
