@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // a benchmark: a broken fixture should stop it loudly
 //! The engine on a realistic review body: decode → decide → encode, against a plain
 //! `serde_json::from_slice::<IgnoredAny>` scan of the same bytes, measured in the same run.
 //! `cargo bench --bench engine` prints both; the README reports the ratio.

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should stop loudly
 //! Golden tests: realistic inputs through the engine (`mutate`'s library path), compared with
 //! the files in `tests/golden/`. `UPDATE_GOLDEN=1 cargo test --test golden` rewrites them;
 //! review the diff. CI validates every `*.out.json` against the Kubernetes schema.

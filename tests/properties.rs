@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should stop loudly
 //! Property tests: for generated pods and annotations, through the AdmissionReview codec,
 //! every admitted patch applies, the result is a valid Pod with no duplicate volume names or
 //! mount paths, and a second pass returns no patch.
