@@ -347,7 +347,12 @@ async fn accept_loop(
                     return;
                 }
             };
+            // ALPN decides the protocol: no sniffing of the first bytes, which would wait
+            // for a silent client without any timeout.
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let mut builder = auto::Builder::new(TokioExecutor::new());
+            // hyper's header-read timeout also runs while a keep-alive connection is idle,
+            // so it bounds idle and slow clients alike.
             builder
                 .http1()
                 .timer(TokioTimer::new())
@@ -358,6 +363,11 @@ async fn accept_loop(
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(256)
                 .keep_alive_interval(Some(Duration::from_secs(30)));
+            let builder = if h2 {
+                builder.http2_only()
+            } else {
+                builder.http1_only()
+            };
             let conn = builder
                 .serve_connection(TokioIo::new(tls), service)
                 .into_owned();

@@ -1,0 +1,846 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should stop loudly
+//! The `serve` binary over real sockets and real TLS: HTTP/1.1 and h2, denials and
+//! pass-through, bad requests, slow clients, certificate rotation in the kubelet's Secret
+//! layout under load, configuration reload, SIGTERM with requests in flight, metrics.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+// === certificates ===
+
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+fn new_ca() -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test CA");
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        issuer: Issuer::new(params, key),
+        pem: cert.pem(),
+    }
+}
+
+/// A serving certificate for localhost; `cn` tells two leaves apart.
+fn leaf(ca: &Ca, cn: &str) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Writes a Secret volume the way the kubelet does: a timestamped directory, a `..data`
+/// symlink swapped atomically, and file symlinks through it.
+fn kubelet_write(dir: &Path, generation: u32, cert: &str, key: &str) {
+    use std::os::unix::fs::symlink;
+    let ts = format!("..2026_11_30_12_00_00.{generation:09}");
+    let data = dir.join(&ts);
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("tls.crt"), cert).unwrap();
+    std::fs::write(data.join("tls.key"), key).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    symlink(&ts, &tmp).unwrap();
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for f in ["tls.crt", "tls.key"] {
+        if std::fs::symlink_metadata(dir.join(f)).is_err() {
+            symlink(format!("..data/{f}"), dir.join(f)).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        let _ = std::fs::remove_dir_all(dir.join(old));
+    }
+}
+
+// === the server process ===
+
+struct Server {
+    child: Child,
+    webhook: SocketAddr,
+    admin: SocketAddr,
+    logs: Arc<Mutex<Vec<Value>>>,
+    ca_pem: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(extra: &[&str], ca_pem: Option<String>, dir: tempfile::TempDir) -> Server {
+        let ca_out = dir.path().join("generated-ca.crt");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ephemeral-volume-injector"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--log-format", "json"])
+            .args(if extra.contains(&"--log-level") {
+                &[][..]
+            } else {
+                &["--log-level", "info"][..]
+            })
+            .arg("--ca-out")
+            .arg(&ca_out)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let v: Value = serde_json::from_str(&line).unwrap_or(json!({"raw": line}));
+                    if v["message"] == "listening" {
+                        let _ = tx.send(v.clone());
+                    }
+                    // Decision lines arrive by the thousand under load; keep the rest.
+                    let mut logs = logs.lock().unwrap_or_else(|p| p.into_inner());
+                    if v["message"] != "mutated" || logs.len() < 1000 {
+                        logs.push(v);
+                    }
+                }
+            });
+        }
+        let listening = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the server did not start listening");
+        let ca_pem = ca_pem.unwrap_or_else(|| std::fs::read_to_string(&ca_out).unwrap());
+        Server {
+            child,
+            webhook: listening["webhook"].as_str().unwrap().parse().unwrap(),
+            admin: listening["admin"].as_str().unwrap().parse().unwrap(),
+            logs,
+            ca_pem,
+            _dir: dir,
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+
+    async fn admin_get(&self, path: &str) -> (StatusCode, String) {
+        let tcp = TcpStream::connect(self.admin).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::get(path)
+            .header("host", "localhost")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    async fn metric(&self, name_and_labels: &str) -> f64 {
+        let (_, text) = self.admin_get("/metrics").await;
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name_and_labels)
+                    .and_then(|r| r.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// === a TLS client ===
+
+#[derive(Clone, Copy, PartialEq)]
+enum Proto {
+    H1,
+    H2,
+}
+
+fn connector(ca_pem: &str, proto: Proto) -> TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    // A resumed session reports the certificate of the session it resumes; the rotation test
+    // needs to see what a new handshake gets.
+    cfg.resumption = rustls::client::Resumption::disabled();
+    cfg.alpn_protocols = vec![match proto {
+        Proto::H1 => b"http/1.1".to_vec(),
+        Proto::H2 => b"h2".to_vec(),
+    }];
+    TlsConnector::from(Arc::new(cfg))
+}
+
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+struct Conn {
+    sender: Sender,
+    /// The leaf certificate the server presented.
+    peer: Vec<u8>,
+}
+
+async fn connect(addr: SocketAddr, tls: &TlsConnector, proto: Proto) -> Result<Conn, String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let stream = tls
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let peer = stream.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let io = TokioIo::new(stream);
+    let sender = match proto {
+        Proto::H1 => {
+            assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+            let (s, c) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(c);
+            Sender::H1(s)
+        }
+        Proto::H2 => {
+            assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+            let (s, c) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(c);
+            Sender::H2(s)
+        }
+    };
+    Ok(Conn { sender, peer })
+}
+
+impl Conn {
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Vec<u8>), String> {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = match &mut self.sender {
+            Sender::H1(s) => {
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(req).await
+            }
+            Sender::H2(s) => {
+                s.ready().await.map_err(|e| e.to_string())?;
+                s.send_request(req).await
+            }
+        }
+        .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body.to_vec()))
+    }
+}
+
+/// Posts a review over a fresh connection; returns the parsed response.
+async fn review(server: &Server, proto: Proto, request: &Value) -> Value {
+    let tls = connector(&server.ca_pem, proto);
+    let mut conn = connect(server.webhook, &tls, proto).await.unwrap();
+    let (status, body) = conn
+        .send("POST", "/mutate", serde_json::to_vec(request).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn nextflow_review(uid: &str) -> (Value, Value) {
+    let pod = common::read_input("nextflow-pod-mode.json");
+    let req = common::review_for(&pod, "nf", uid);
+    (pod, req)
+}
+
+fn data(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
+}
+
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+fn volume_names(pod: &Value) -> Vec<String> {
+    pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+// === the tests ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nextflow_pod_is_patched_over_http1_and_h2() {
+    let server = Server::start(&[], None, dir());
+    for proto in [Proto::H1, Proto::H2] {
+        let (pod, request) = nextflow_review("7f3e1c2a-0001-4000-8000-000000000001");
+        let response = review(&server, proto, &request).await;
+        assert_eq!(response["response"]["allowed"], true);
+        let mutated = common::apply_response(&request, &response, &pod);
+        assert_eq!(
+            volume_names(&mutated),
+            ["vol-1", "kube-api-access-x7k2p", "scratch", "shm"]
+        );
+        assert_eq!(
+            mutated["metadata"]["annotations"]["injector.ephemeral-volumes.io/injected"],
+            "scratch,shm"
+        );
+        let mounts = &mutated["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(
+            mounts[2],
+            json!({"name": "scratch", "mountPath": "/scratch"})
+        );
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(mutated).unwrap();
+    }
+    // One decision line per mutation, naming the pod and the volumes.
+    let logs = server.logs.lock().unwrap().clone();
+    let decisions: Vec<&Value> = logs.iter().filter(|l| l["message"] == "mutated").collect();
+    assert_eq!(decisions.len(), 2, "{logs:?}");
+    assert_eq!(decisions[0]["volumes"], "scratch,shm");
+    assert_eq!(decisions[0]["namespace"], "nf");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denials_pass_through_and_dry_run() {
+    let config = data("config.yaml");
+    let server = Server::start(&["--config", config.to_str().unwrap()], None, dir());
+
+    let pod = common::read_input("policy-denied.yaml");
+    let request = common::review_for(&pod, "nf", "deny-1");
+    let r = review(&server, Proto::H1, &request).await;
+    assert_eq!(r["response"]["allowed"], false);
+    assert_eq!(r["response"]["status"]["code"], 403);
+    assert!(
+        r["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("policy.storageClasses")
+    );
+    assert!(r["response"].get("patch").is_none());
+
+    // Not a pod CREATE: allowed, untouched.
+    let mut update =
+        common::review_for(&common::read_input("nextflow-pod-mode.json"), "nf", "upd-1");
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = update["request"]["object"].clone();
+    let r = review(&server, Proto::H2, &update).await;
+    assert_eq!(r["response"], json!({"uid": "upd-1", "allowed": true}));
+
+    // dryRun behaves exactly like a real request.
+    let (pod, mut request) = nextflow_review("dry-1");
+    request["request"]["dryRun"] = json!(true);
+    let r = review(&server, Proto::H1, &request).await;
+    let mutated = common::apply_response(&request, &r, &pod);
+    assert_eq!(volume_names(&mutated).len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_http_errors() {
+    let server = Server::start(&["--max-body-bytes", "65536"], None, dir());
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let mut conn = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+
+    let (s, b) = conn
+        .send("POST", "/mutate", b"{not json".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let err: Value = serde_json::from_slice(&b).unwrap();
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("not an AdmissionReview"),
+        "{err}"
+    );
+
+    let (s, b) = conn
+        .send(
+            "POST",
+            "/mutate",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&b).contains("no request"));
+
+    let (s, _) = conn.send("GET", "/mutate", vec![]).await.unwrap();
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    let (s, b) = conn.send("POST", "/validate", vec![]).await.unwrap();
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(String::from_utf8_lossy(&b).contains("POST /mutate"));
+
+    // An UPDATE review twice the limit.
+    let mut conn = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+    let big = vec![b' '; 131_072];
+    let (s, _) = conn.send("POST", "/mutate", big).await.unwrap();
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+
+    assert_eq!(
+        server
+            .metric("evi_admission_requests_total{result=\"invalid\"}")
+            .await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_clients_are_cut_off() {
+    let server = Server::start(&["--header-timeout-seconds", "1"], None, dir());
+    // A TCP connection that never starts TLS.
+    let mut idle = TcpStream::connect(server.webhook).await.unwrap();
+    // A TLS connection that never sends a request.
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    let mut silent = tls
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), idle.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "idle TCP connection still open"
+    );
+    let n = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf))
+        .await
+        .unwrap();
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "silent TLS connection still open"
+    );
+    assert!(start.elapsed() < Duration::from_secs(8));
+    // Meanwhile a normal client is served.
+    let (_, request) = nextflow_review("after-idle");
+    let r = review(&server, Proto::H1, &request).await;
+    assert_eq!(r["response"]["allowed"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_rotation_in_kubelet_layout_fails_no_request() {
+    let ca = new_ca();
+    let d = dir();
+    let secret = d.path().join("tls");
+    std::fs::create_dir_all(&secret).unwrap();
+    let (c1, k1) = leaf(&ca, "generation-1");
+    kubelet_write(&secret, 1, &c1, &k1);
+    let cert = secret.join("tls.crt");
+    let key = secret.join("tls.key");
+    let server = Server::start(
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--reload-poll-seconds",
+            "30",
+        ],
+        Some(ca.pem.clone()),
+        d,
+    );
+    let first = CertificateDer::from_pem_slice(c1.as_bytes())
+        .unwrap()
+        .to_vec();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut clients = Vec::new();
+    for (i, proto) in [Proto::H1, Proto::H1, Proto::H2].into_iter().enumerate() {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let tls = connector(&server.ca_pem, proto);
+        let addr = server.webhook;
+        clients.push(tokio::spawn(async move {
+            let (_, request) = nextflow_review(&format!("rot-{i}"));
+            let body = serde_json::to_vec(&request).unwrap();
+            // Client 0 keeps one connection; the others reconnect for every request.
+            let mut kept = if i == 0 {
+                Some(connect(addr, &tls, proto).await.unwrap())
+            } else {
+                None
+            };
+            while !stop.load(Ordering::SeqCst) {
+                let result = match kept.as_mut() {
+                    Some(c) => c.send("POST", "/mutate", body.clone()).await,
+                    None => match connect(addr, &tls, proto).await {
+                        Ok(mut c) => c.send("POST", "/mutate", body.clone()).await,
+                        Err(e) => Err(e),
+                    },
+                };
+                match result {
+                    Ok((StatusCode::OK, _)) => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok((s, b)) => failed
+                        .lock()
+                        .unwrap()
+                        .push(format!("{s} {}", String::from_utf8_lossy(&b))),
+                    Err(e) => failed.lock().unwrap().push(e),
+                }
+                if failed.lock().unwrap().len() > 100 {
+                    return;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let tls = connector(&server.ca_pem, Proto::H1);
+    for generation in 2..=3u32 {
+        let (c, k) = leaf(&ca, &format!("generation-{generation}"));
+        let expected = CertificateDer::from_pem_slice(c.as_bytes())
+            .unwrap()
+            .to_vec();
+        let rotated_at = Instant::now();
+        kubelet_write(&server._dir.path().join("tls"), generation, &c, &k);
+        loop {
+            let conn = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+            if conn.peer == expected {
+                break;
+            }
+            assert_ne!(conn.peer.len(), 0);
+            assert!(
+                rotated_at.elapsed() < Duration::from_secs(3),
+                "new certificate not served after 3 s; server logs: {:?}",
+                server
+                    .logs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|l| l["message"] != "mutated")
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_ne!(expected, first);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let failed = failed.lock().unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} failed requests: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        ok.load(Ordering::SeqCst) > 20,
+        "too few requests to mean anything"
+    );
+    assert_eq!(
+        server
+            .metric("evi_certificate_reloads_total{outcome=\"success\"}")
+            .await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
+    let d = dir();
+    let cfg = d.path().join("config.yaml");
+    let profile = |path: &str| {
+        format!("profiles:\n  tmp: {{mountPath: {path}, emptyDir: {{sizeLimit: 1Gi}}}}\n")
+    };
+    std::fs::write(&cfg, profile("/first")).unwrap();
+    let server = Server::start(
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--reload-poll-seconds",
+            "30",
+        ],
+        None,
+        d,
+    );
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "nf", "annotations": {"ephemeral-volumes.io/tmp": "tmp"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+    });
+    async fn mount_path_of(server: &Server, pod: &Value) -> String {
+        let request = common::review_for(pod, "nf", "cfg");
+        let r = review(server, Proto::H1, &request).await;
+        let m = common::apply_response(&request, &r, pod);
+        m["spec"]["containers"][0]["volumeMounts"][0]["mountPath"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+    assert_eq!(mount_path_of(&server, &pod).await, "/first");
+
+    std::fs::write(&cfg, profile("/second")).unwrap();
+    let t = Instant::now();
+    while mount_path_of(&server, &pod).await != "/second" {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "good configuration not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    std::fs::write(
+        &cfg,
+        "profiles:\n  tmp: {mountPath: /third, emptyDir: {sizeLimt: 1Gi}}\n",
+    )
+    .unwrap();
+    let t = Instant::now();
+    while server
+        .metric("evi_config_reloads_total{outcome=\"failure\"}")
+        .await
+        < 1.0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "bad configuration not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        mount_path_of(&server, &pod).await,
+        "/second",
+        "a bad file replaced a good one"
+    );
+    assert_eq!(
+        server
+            .metric("evi_config_reloads_total{outcome=\"success\"}")
+            .await,
+        1.0
+    );
+    let logs = server.logs.lock().unwrap().clone();
+    assert!(
+        logs.iter()
+            .any(|l| l["error"].as_str().is_some_and(|e| e.contains("sizeLimt"))),
+        "the refusal names the problem: {logs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let mut server = Server::start(
+        &[
+            "--drain-delay-seconds",
+            "1.5",
+            "--grace-period-seconds",
+            "10",
+        ],
+        None,
+        dir(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let proto = if i % 2 == 0 { Proto::H1 } else { Proto::H2 };
+        let tls = connector(&server.ca_pem, proto);
+        let addr = server.webhook;
+        clients.push(tokio::spawn(async move {
+            let (_, request) = nextflow_review(&format!("term-{i}"));
+            let body = serde_json::to_vec(&request).unwrap();
+            let mut conn = connect(addr, &tls, proto).await.unwrap();
+            while !stop.load(Ordering::SeqCst) {
+                match conn.send("POST", "/mutate", body.clone()).await {
+                    Ok((StatusCode::OK, _)) => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok((s, _)) => failed.lock().unwrap().push(s.to_string()),
+                    Err(e) => failed.lock().unwrap().push(e),
+                }
+                if failed.lock().unwrap().len() > 100 {
+                    return;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = ok.load(Ordering::SeqCst);
+    server.signal("TERM");
+    // Unready at once, while requests keep flowing during the drain delay.
+    let t = Instant::now();
+    loop {
+        let (status, _) = server.admin_get("/readyz").await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "still ready after SIGTERM"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let status = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = server.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t.elapsed() < Duration::from_secs(15), "did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    let failed = failed.lock().unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        ok.load(Ordering::SeqCst) > before,
+        "no requests were served during the drain"
+    );
+    assert!(status.success(), "exit status {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_happened() {
+    let config = data("config.yaml");
+    let server = Server::start(&["--config", config.to_str().unwrap()], None, dir());
+    let (status, body) = server.admin_get("/readyz").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
+    assert_eq!(server.admin_get("/healthz").await.0, StatusCode::OK);
+
+    for i in 0..3 {
+        let (_, request) = nextflow_review(&format!("m-{i}"));
+        review(&server, Proto::H1, &request).await;
+    }
+    let denied = common::review_for(&common::read_input("conflict-volume.yaml"), "nf", "m-d");
+    review(&server, Proto::H2, &denied).await;
+    let plain = common::review_for(&common::read_input("no-request.yaml"), "default", "m-p");
+    review(&server, Proto::H1, &plain).await;
+
+    assert_eq!(
+        server
+            .metric("evi_admission_requests_total{result=\"mutated\"}")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        server
+            .metric("evi_admission_requests_total{result=\"denied\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        server
+            .metric("evi_admission_requests_total{result=\"unchanged\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        server
+            .metric("evi_volumes_injected_total{kind=\"ephemeral\"}")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        server
+            .metric("evi_volumes_injected_total{kind=\"emptyDir\"}")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        server
+            .metric("evi_denials_total{reason=\"conflict\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        server.metric("evi_admission_duration_seconds_count").await,
+        5.0
+    );
+    assert!(
+        server
+            .metric("evi_certificate_not_after_timestamp_seconds")
+            .await
+            > 1.7e9
+    );
+}
