@@ -596,7 +596,7 @@ async fn certificate_rotation_in_kubelet_layout_fails_no_request() {
     for c in clients {
         c.await.unwrap();
     }
-    let failed = failed.lock().unwrap();
+    let failed = failed.lock().unwrap().clone();
     assert!(
         failed.is_empty(),
         "{} failed requests: {:?}",
@@ -766,7 +766,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     })
     .await
     .unwrap();
-    let failed = failed.lock().unwrap();
+    let failed = failed.lock().unwrap().clone();
     assert!(
         failed.is_empty(),
         "{} failed: {:?}",
