@@ -1,0 +1,294 @@
+"""The Helm chart, rendered by the real helm binary and judged by the Kubernetes schema.
+
+Run from the repository root: python3 -m pytest -q tests/chart
+Needs helm (on PATH or $HELM), kubernetes-validate and PyYAML; the webhook binary is built
+by `cargo build` first (target/debug/ephemeral-volume-injector).
+"""
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "ephemeral-volume-injector"
+BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
+HELM = os.environ.get("HELM") or shutil.which("helm") or str(Path.home() / ".cache/evi-tools/bin/helm")
+BUILTIN_KINDS = {
+    "ConfigMap", "Deployment", "MutatingWebhookConfiguration", "NetworkPolicy",
+    "PodDisruptionBudget", "Secret", "Service", "ServiceAccount",
+}
+
+NEXTFLOW_VALUES = {
+    "config": {
+        "profiles": {
+            "ebs-200g": {
+                "mountPath": "/scratch",
+                "ephemeral": {"volumeClaimTemplate": {"spec": {
+                    "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
+                    "resources": {"requests": {"storage": "200Gi"}}}}},
+            },
+            "shm": {"mountPath": "/dev/shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        },
+        "rules": [
+            {"name": "nextflow-scratch", "namespaces": ["nf", "nf-dev"],
+             "podSelector": {"matchLabels": {"nextflow.io/app": "nextflow"},
+                             "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]},
+             "volumes": {"scratch": {"profile": "ebs-200g"}}},
+        ],
+        "policy": {"storageClasses": ["gp3"], "maxSize": {"ephemeral": "1Ti"}, "maxVolumesPerPod": 8},
+    }
+}
+
+
+def render(*args, values=None, kube_version="1.33.0", ns="evi-system", check=True):
+    cmd = [HELM, "template", "evi", str(CHART), "-n", ns, "--kube-version", kube_version, *args]
+    if values is not None:
+        path = ROOT / "target" / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(values))
+        cmd += ["-f", str(path)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check:
+        assert p.returncode == 0, p.stderr
+        return [d for d in yaml.safe_load_all(p.stdout) if d]
+    return p
+
+
+def by_kind(docs, kind):
+    found = [d for d in docs if d["kind"] == kind]
+    assert found, f"no {kind} rendered"
+    return found
+
+
+def webhook(docs):
+    return by_kind(docs, "MutatingWebhookConfiguration")[0]["webhooks"][0]
+
+
+def deployment(docs):
+    return by_kind(docs, "Deployment")[0]
+
+
+MODES = [
+    ([], "helm"),
+    (["--set", "tls.mode=certManager"], "certManager"),
+    (["--set", "tls.mode=existingSecret", "--set", "tls.existingSecret=my-tls",
+      "--set", "tls.caBundle=" + base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()], "existingSecret"),
+]
+
+
+def test_helm_lint_strict():
+    p = subprocess.run([HELM, "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run([HELM, "lint", "--strict", str(CHART), "--set", "tls.mode=certManager"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("kube_version", ["1.27.0", "1.29.0", "1.33.0", "1.37.0"])
+@pytest.mark.parametrize("args,mode", MODES)
+def test_every_rendered_manifest_is_valid_kubernetes(args, mode, kube_version):
+    docs = render(*args, values=NEXTFLOW_VALUES, kube_version=kube_version)
+    docs += render(*args, "--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+                   kube_version=kube_version)
+    validated = 0
+    for d in docs:
+        if d["kind"] in BUILTIN_KINDS:
+            kubernetes_validate.validate(d, kube_version, strict=True)
+            validated += 1
+    assert validated >= 7
+
+
+def test_webhook_configuration_fields():
+    w = webhook(render())
+    assert w["admissionReviewVersions"] == ["v1"]
+    assert w["sideEffects"] == "None"
+    assert w["reinvocationPolicy"] == "IfNeeded"
+    assert w["failurePolicy"] == "Fail"
+    assert 1 <= w["timeoutSeconds"] <= 10
+    assert w["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["pods"], "scope": "Namespaced"}]
+    assert w["clientConfig"]["service"] == {"name": "evi-ephemeral-volume-injector", "namespace": "evi-system",
+                                            "path": "/mutate", "port": 443}
+    w = webhook(render("--set", "webhook.failurePolicy=Ignore", "--set", "webhook.timeoutSeconds=3"))
+    assert (w["failurePolicy"], w["timeoutSeconds"]) == ("Ignore", 3)
+
+
+def test_namespace_exclusions_cover_kube_system_and_the_release_namespace():
+    w = webhook(render("--set", "webhook.excludeNamespaces={monitoring}", ns="platform"))
+    exprs = w["namespaceSelector"]["matchExpressions"]
+    assert exprs[0] == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                        "values": ["kube-system", "platform", "monitoring"]}
+    w = webhook(render(values={"webhook": {"namespaceSelector": {
+        "matchLabels": {"team": "genomics"},
+        "matchExpressions": [{"key": "env", "operator": "In", "values": ["prod"]}]}}}))
+    assert w["namespaceSelector"]["matchLabels"] == {"team": "genomics"}
+    assert len(w["namespaceSelector"]["matchExpressions"]) == 2
+
+
+def test_match_conditions_send_only_pods_that_ask():
+    w = webhook(render(values=NEXTFLOW_VALUES, kube_version="1.30.0"))
+    assert "objectSelector" not in w
+    (cond,) = w["matchConditions"]
+    expr = cond["expression"]
+    assert "object.metadata.annotations.exists(k, k.startsWith('ephemeral-volumes.io/'))" in expr
+    assert "request.namespace in ['nf', 'nf-dev']" in expr
+    assert "object.metadata.labels['nextflow.io/app'] == 'nextflow'" in expr
+    assert "!(object.metadata.labels['tier'] in ['x'])" in expr
+    assert expr.count("(") == expr.count(")")
+    # The prefix follows the configuration.
+    w = webhook(render("--set", "config.annotationPrefix=volumes.example.com"))
+    assert "k.startsWith('volumes.example.com/')" in w["matchConditions"][0]["expression"]
+    assert w["name"] == "volumes.volumes.example.com"
+
+
+def test_old_clusters_fall_back_to_the_documented_object_selector():
+    w = webhook(render(kube_version="1.27.0"))
+    assert "matchConditions" not in w
+    assert w["objectSelector"] == {"matchLabels": {"ephemeral-volumes.io/inject": "true"}}
+
+
+def test_pod_security():
+    d = deployment(render())
+    spec = d["spec"]["template"]["spec"]
+    assert d["spec"]["replicas"] >= 2
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert spec["affinity"]["podAntiAffinity"]
+    (c,) = spec["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert "cpu" not in c["resources"].get("limits", {})
+    assert c["resources"]["requests"]["cpu"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    d = deployment(render("--set", "priorityClassName=system-cluster-critical"))
+    assert d["spec"]["template"]["spec"]["priorityClassName"] == "system-cluster-critical"
+
+
+def test_pod_disruption_budget():
+    pdb = by_kind(render(), "PodDisruptionBudget")[0]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment(render())["spec"]["selector"]["matchLabels"]
+    pdb = by_kind(render("--set", "podDisruptionBudget.maxUnavailable=1"), "PodDisruptionBudget")[0]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
+    assert not [d for d in render("--set", "podDisruptionBudget.enabled=false") if d["kind"] == "PodDisruptionBudget"]
+
+
+def serve_flags():
+    out = subprocess.run([str(BINARY), "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"--([a-z-]+)", out))
+
+
+def test_deployment_args_are_real_serve_flags():
+    flags = serve_flags()
+    (c,) = deployment(render())["spec"]["template"]["spec"]["containers"]
+    assert c["args"][0] == "serve"
+    for arg in c["args"][1:]:
+        m = re.fullmatch(r"--([a-z-]+)=(.*)", arg)
+        assert m, f"{arg} is not --flag=value"
+        assert m.group(1) in flags, f"{arg}: serve has no flag --{m.group(1)}"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert f"--listen=0.0.0.0:{ports['https']}" in c["args"]
+    assert f"--admin-listen=0.0.0.0:{ports['admin']}" in c["args"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert f"--tls-cert={mounts['tls']}/tls.crt" in c["args"]
+    assert f"--config={mounts['config']}/config.yaml" in c["args"]
+
+
+def test_configmap_passes_check_config(tmp_path):
+    for values in (None, NEXTFLOW_VALUES):
+        cm = by_kind(render(values=values), "ConfigMap")[0]
+        path = tmp_path / "config.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        p = subprocess.run([str(BINARY), "check-config", str(path)], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+    parsed = yaml.safe_load(by_kind(render(values=NEXTFLOW_VALUES), "ConfigMap")[0]["data"]["config.yaml"])
+    assert parsed["profiles"]["ebs-200g"]["mountPath"] == "/scratch"
+
+
+def test_a_bad_configuration_in_values_is_caught_by_check_config(tmp_path):
+    cm = by_kind(render(values={"config": {"profiles": {"x": {"mountPath": "/x", "emptyDir": {"sizeLimt": "1Gi"}}}}}),
+                 "ConfigMap")[0]
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    p = subprocess.run([str(BINARY), "check-config", str(path)], capture_output=True, text=True)
+    assert p.returncode == 1
+    assert "profiles.x: unknown field emptyDir.sizeLimt" in p.stderr
+
+
+def test_config_checksum_rolls_pods_only_without_hot_reload():
+    annotations = deployment(render())["spec"]["template"]["metadata"].get("annotations") or {}
+    assert "checksum/config" not in annotations
+    a = deployment(render("--set", "hotReload=false"))["spec"]["template"]["metadata"]["annotations"]
+    b = deployment(render("--set", "hotReload=false", values=NEXTFLOW_VALUES))["spec"]["template"]["metadata"]["annotations"]
+    assert a["checksum/config"] != b["checksum/config"]
+
+
+def test_tls_modes():
+    docs = render()
+    secret = by_kind(docs, "Secret")[0]
+    assert secret["type"] == "kubernetes.io/tls"
+    ca = secret["data"]["ca.crt"]
+    assert webhook(docs)["clientConfig"]["caBundle"] == ca
+    cert = base64.b64decode(secret["data"]["tls.crt"])
+    p = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=cert, capture_output=True)
+    sans = p.stdout.decode()
+    assert "DNS:evi-ephemeral-volume-injector.evi-system.svc" in sans
+    assert "DNS:evi-ephemeral-volume-injector.evi-system.svc.cluster.local" in sans
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    docs = render("--set", "tls.mode=certManager")
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    mwc = by_kind(docs, "MutatingWebhookConfiguration")[0]
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "evi-system/evi-ephemeral-volume-injector-serving"
+    serving = [d for d in docs if d["kind"] == "Certificate" and d["metadata"]["name"].endswith("-serving")][0]
+    assert "evi-ephemeral-volume-injector.evi-system.svc.cluster.local" in serving["spec"]["dnsNames"]
+    assert serving["spec"]["secretName"] == "evi-ephemeral-volume-injector-tls"
+
+    args, _ = MODES[2]
+    docs = render(*args)
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert webhook(docs)["clientConfig"]["caBundle"] == base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()
+    vol = [v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+    assert vol["secret"]["secretName"] == "my-tls"
+    p = render("--set", "tls.mode=existingSecret", "--set", "tls.existingSecret=my-tls", check=False)
+    assert p.returncode != 0 and "tls.caBundle" in p.stderr
+
+
+@pytest.mark.parametrize("bad", [
+    ["--set", "replicaCount=0"],
+    ["--set", "tls.mode=vault"],
+    ["--set", "webhook.failurePolicy=Sometimes"],
+    ["--set", "config.onError=ignore"],
+    ["--set", "config.policy.maxSize.memory=lots"],
+    ["--set", "config.policy.types={hostPath}"],
+    ["--set", "resources.limits.cpu=1"],
+    ["--set", "config.colour=red"],
+    ["--set", "server.logFormat=xml"],
+])
+def test_values_schema_rejects_wrong_values(bad):
+    p = render(*bad, check=False)
+    assert p.returncode != 0, f"{bad} was accepted"
+    assert "values don't meet the specifications of the schema" in p.stderr or "schema" in p.stderr.lower(), p.stderr
+
+
+def test_service_monitor_and_network_policy():
+    docs = render("--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true")
+    sm = by_kind(docs, "ServiceMonitor")[0]
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    np = by_kind(docs, "NetworkPolicy")[0]
+    assert {p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]} == {8443, 8080}
+    svc = by_kind(docs, "Service")[0]
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"https", "metrics"}
