@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Load benchmark: the webhook against the bare hyper+rustls baseline (benches/tls_baseline.rs),
+# alternated ROUNDS times under the same load. Servers are pinned to core 0, the load generator
+# to core 1. HTTP/1.1 keep-alive over TLS, CONNS connections, the review of
+# tests/data/review.json (a Nextflow pod that asks for two volumes).
+#
+#   bash benches/load.sh            # ROUNDS=5 DURATION=10 CONNS=25 RATE=1000
+#
+# Needs wrk and hey (apt-get install wrk hey). Prints medians, ratios and a Markdown table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS="${ROUNDS:-5}"; DURATION="${DURATION:-10}"; CONNS="${CONNS:-25}"; RATE="${RATE:-1000}"
+WEBHOOK_PORT=18443; ADMIN_PORT=18080; BASELINE_PORT=19443
+work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
+BIN=target/release/ephemeral-volume-injector
+BASE=target/release/examples/tls-baseline
+BODY=tests/data/review.json
+cat > "$work/post.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("$BODY", "rb"); wrk.body = f:read("*a"); f:close()
+LUA
+clk=$(getconf CLK_TCK)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
+
+start_server() { # name -> sets PID, URL, STARTUP_MS
+  local t0; t0=$(date +%s%N)
+  if [ "$1" = webhook ]; then
+    taskset -c 0 "$BIN" serve --listen 127.0.0.1:$WEBHOOK_PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
+      --ca-out "$work/ca.crt" --log-level warn 2>"$work/$1.log" &
+    URL=https://127.0.0.1:$WEBHOOK_PORT/mutate
+  else
+    taskset -c 0 "$BASE" 127.0.0.1:$BASELINE_PORT "$work/ca.crt" 2>"$work/$1.log" &
+    URL=https://127.0.0.1:$BASELINE_PORT/mutate
+  fi
+  PID=$!
+  until curl -sk -o /dev/null -X POST --data-binary @"$BODY" "$URL" 2>/dev/null; do sleep 0.002; done
+  STARTUP_MS=$(( ($(date +%s%N) - t0) / 1000000 ))
+}
+
+results="$work/results.jsonl"
+for round in $(seq 1 "$ROUNDS"); do
+  for name in baseline webhook; do
+    start_server "$name"
+    sleep 1
+    idle=$(rss_kib "$PID" VmRSS)
+    c0=$(cpu_ticks "$PID")
+    taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$work/post.lua" --latency "$URL" > "$work/wrk.txt"
+    c1=$(cpu_ticks "$PID")
+    reqs=$(awk '/requests in/ {print $1}' "$work/wrk.txt")
+    rps=$(awk '/Requests\/sec/ {print $2}' "$work/wrk.txt")
+    errors=$(awk '/Non-2xx|Socket errors/ {print}' "$work/wrk.txt" | tr '\n' ' ')
+    taskset -c 1 hey -z "${DURATION}s" -c "$CONNS" -q $(( RATE / CONNS )) -m POST -T application/json \
+      -D "$BODY" "$URL" > "$work/hey.txt"
+    p50=$(awk '/ 50% in/ {print $3}' "$work/hey.txt"); p99=$(awk '/ 99% in/ {print $3}' "$work/hey.txt")
+    hey_rps=$(awk '/Requests\/sec/ {print $2}' "$work/hey.txt")
+    hey_errors=$(awk '/Error distribution/,0' "$work/hey.txt" | tail -n +2 | tr '\n' ' ')
+    peak=$(rss_kib "$PID" VmHWM)
+    kill -TERM "$PID"; wait "$PID" 2>/dev/null || true
+    printf '{"round":%d,"name":"%s","rps":%s,"reqs":%s,"cpu_s":%s,"idle_kib":%s,"peak_kib":%s,"p50_s":%s,"p99_s":%s,"fixed_rps":%s,"startup_ms":%s,"errors":"%s"}\n' \
+      "$round" "$name" "$rps" "$reqs" "$(echo "($c1 - $c0) / $clk" | bc -l)" "$idle" "$peak" "$p50" "$p99" "$hey_rps" "$STARTUP_MS" "$errors$hey_errors" >> "$results"
+    echo "round $round $name: $rps req/s, p99 at ${RATE}/s ${p99}s, peak RSS ${peak} KiB ${errors}${hey_errors}" >&2
+  done
+done
+
+size=$(stat -c %s "$BIN")
+python3 - "$results" "$size" "$ROUNDS" "$DURATION" "$CONNS" "$RATE" <<'PY'
+import json, statistics as st, sys
+path, size, rounds, duration, conns, rate = sys.argv[1:]
+rows = [json.loads(l) for l in open(path)]
+def med(name, key): return st.median(r[key] for r in rows if r["name"] == name)
+def cpu_per_req(name): return st.median(r["cpu_s"] / r["reqs"] for r in rows if r["name"] == name)
+b, w = "baseline", "webhook"
+tp = med(w, "rps") / med(b, "rps")
+cpu = cpu_per_req(w) / cpu_per_req(b)
+p99_ratio = med(w, "p99_s") / med(b, "p99_s")
+def ok(cond): return "met" if cond else "MISSED"
+print(f"\n{rounds} rounds x {duration}s, {conns} connections, HTTP/1.1 keep-alive over TLS, fixed rate {rate}/s")
+print("| measure | baseline | webhook | ratio / goal |")
+print("|---|---|---|---|")
+print(f"| throughput (req/s, median) | {med(b,'rps'):,.0f} | {med(w,'rps'):,.0f} | {tp:.2f} (goal ≥ 0.80: {ok(tp >= 0.8)}) |")
+print(f"| server CPU per request (µs) | {cpu_per_req(b)*1e6:.1f} | {cpu_per_req(w)*1e6:.1f} | {cpu:.2f} (goal ≤ 1.35: {ok(cpu <= 1.35)}) |")
+print(f"| p50 at {rate}/s (ms) | {med(b,'p50_s')*1e3:.3f} | {med(w,'p50_s')*1e3:.3f} | |")
+print(f"| p99 at {rate}/s (ms) | {med(b,'p99_s')*1e3:.3f} | {med(w,'p99_s')*1e3:.3f} | {p99_ratio:.2f} (goals ≤ 1 ms: {ok(med(w,'p99_s') <= 0.001)}, ≤ 1.2×: {ok(p99_ratio <= 1.2)}) |")
+print(f"| idle RSS (MiB) | {med(b,'idle_kib')/1024:.1f} | {med(w,'idle_kib')/1024:.1f} | goal ≤ 10: {ok(med(w,'idle_kib')/1024 <= 10)} |")
+print(f"| peak RSS under load (MiB) | {med(b,'peak_kib')/1024:.1f} | {med(w,'peak_kib')/1024:.1f} | goal ≤ 20: {ok(med(w,'peak_kib')/1024 <= 20)} |")
+print(f"| start to first TLS response (ms) | {med(b,'startup_ms'):.0f} | {med(w,'startup_ms'):.0f} | |")
+print(f"| stripped release binary (MB) | | {int(size)/1e6:.2f} | goal ≤ 10: {ok(int(size)/1e6 <= 10)} |")
+errs = [r for r in rows if r["errors"].strip()]
+print(f"| runs with errors | | | {len(errs)} {[ (r['name'], r['errors']) for r in errs][:3]} |")
+PY
