@@ -14,6 +14,8 @@ RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin ephe
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /src/target/x86_64-unknown-linux-musl/release/ephemeral-volume-injector /ephemeral-volume-injector
+# mimalloc: commit memory on demand rather than a whole arena up front (idle RSS 15 → 8 MiB).
+ENV MIMALLOC_ARENA_EAGER_COMMIT=0
 USER 65532:65532
 EXPOSE 8443 8080
 ENTRYPOINT ["/ephemeral-volume-injector"]

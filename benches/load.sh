@@ -10,7 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${ROUNDS:-5}"; DURATION="${DURATION:-10}"; CONNS="${CONNS:-25}"; RATE="${RATE:-1000}"
-WEBHOOK_PORT=18443; ADMIN_PORT=18080; BASELINE_PORT=19443
+# hey 0.1.4 (Debian) sends the port inside SNI ("localhost:8443"), which rustls rightly refuses;
+# on 443 there is no port in the URL. Both servers take turns on it (run as root).
+PORT="${PORT:-443}"; ADMIN_PORT=18080
+# As deployed (Dockerfile, chart): mimalloc commits memory on demand instead of a whole arena.
+export MIMALLOC_ARENA_EAGER_COMMIT="${MIMALLOC_ARENA_EAGER_COMMIT:-0}"
 work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
 BIN=target/release/ephemeral-volume-injector
@@ -29,12 +33,12 @@ rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 start_server() { # name -> sets PID, URL, STARTUP_MS
   local t0; t0=$(date +%s%N)
   if [ "$1" = webhook ]; then
-    taskset -c 0 "$BIN" serve --listen 127.0.0.1:$WEBHOOK_PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
+    taskset -c 0 "$BIN" serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
       --ca-out "$work/ca.crt" --log-level warn 2>"$work/$1.log" &
-    URL=https://127.0.0.1:$WEBHOOK_PORT/mutate
+    URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   else
-    taskset -c 0 "$BASE" 127.0.0.1:$BASELINE_PORT "$work/ca.crt" 2>"$work/$1.log" &
-    URL=https://127.0.0.1:$BASELINE_PORT/mutate
+    taskset -c 0 "$BASE" 127.0.0.1:$PORT "$work/ca.crt" 2>"$work/$1.log" &
+    URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   fi
   PID=$!
   until curl -sk -o /dev/null -X POST --data-binary @"$BODY" "$URL" 2>/dev/null; do sleep 0.002; done

@@ -23,10 +23,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     let mut args = std::env::args().skip(1);
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:9443".into());
-    let ca_out = args.next().unwrap_or_else(|| "/tmp/tls-baseline-ca.crt".into());
+    let ca_out = args
+        .next()
+        .unwrap_or_else(|| "/tmp/tls-baseline-ca.crt".into());
 
     // The response the webhook gives for the benchmark's review, computed once.
-    let review = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/review.json")).unwrap();
+    let review = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/review.json"
+    ))
+    .unwrap();
     let response = Bytes::from(
         evi::review::handle(&evi::config::Config::default(), &review)
             .unwrap()
@@ -35,18 +41,28 @@ async fn main() {
 
     let generated = evi::server::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
     std::fs::write(&ca_out, &generated.ca_pem).unwrap();
-    let loaded = evi::server::tls::load_pem(generated.cert_pem.as_bytes(), generated.key_pem.as_bytes()).unwrap();
+    let loaded =
+        evi::server::tls::load_pem(generated.cert_pem.as_bytes(), generated.key_pem.as_bytes())
+            .unwrap();
     let store = Arc::new(evi::server::tls::CertStore::new(loaded.key));
     let acceptor = TlsAcceptor::from(Arc::new(evi::server::tls::server_config(store).unwrap()));
     let listener = tokio::net::TcpListener::bind(&listen).await.unwrap();
-    eprintln!("tls-baseline listening on {} ({} byte response)", listener.local_addr().unwrap(), response.len());
+    eprintln!(
+        "tls-baseline listening on {} ({} byte response)",
+        listener.local_addr().unwrap(),
+        response.len()
+    );
     loop {
-        let Ok((tcp, _)) = listener.accept().await else { continue };
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let response = response.clone();
         tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(tcp).await else { return };
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let response = response.clone();
@@ -61,8 +77,15 @@ async fn main() {
                 }
             });
             let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(5));
-            let builder = if h2 { builder.http2_only() } else { builder.http1_only() };
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5));
+            let builder = if h2 {
+                builder.http2_only()
+            } else {
+                builder.http1_only()
+            };
             let _ = builder.serve_connection(TokioIo::new(tls), service).await;
         });
     }

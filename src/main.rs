@@ -1,7 +1,7 @@
 use clap::Parser;
 
 // The decision allocates small, short-lived objects; mimalloc cuts its cost by a third
-// (benches/engine.rs).
+// (benches/engine.rs). Deployments set MIMALLOC_ARENA_EAGER_COMMIT=0 so idle memory stays small.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

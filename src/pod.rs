@@ -186,17 +186,49 @@ impl<'a> PodView<'a> {
             .flatten()
             .filter_map(|raw| {
                 let raw: &'a RawValue = raw;
-                serde_json::from_str::<VolumeName<'a>>(raw.get())
-                    .ok()
-                    .map(|v| (v.name, raw))
+                name_first(raw.get())
+                    .map(|n| Str(Cow::Borrowed(n)))
+                    .or_else(|| {
+                        serde_json::from_str::<VolumeName<'a>>(raw.get())
+                            .ok()
+                            .map(|v| v.name)
+                    })
+                    .map(|name| (name, raw))
             })
             .collect()
     }
 }
 
+/// The API server writes `name` first in every volume (Go's field order); read it without
+/// parsing the rest, which for the service-account volume is most of the bytes. Anything
+/// else (escapes, other orders, whitespace) falls back to a real parse.
+fn name_first(raw: &str) -> Option<&str> {
+    let rest = raw.strip_prefix("{\"name\":\"")?;
+    let end = rest.find('"')?;
+    let name = &rest[..end];
+    (!name.contains('\\')).then_some(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_names_are_read_fast_or_parsed() {
+        let body = r#"{"spec":{"volumes":[
+            {"name":"fast","emptyDir":{}},
+            { "emptyDir": {}, "name": "slow" },
+            {"name":"esc\u0061ped","emptyDir":{}},
+            {"emptyDir":{}}
+        ]}}"#;
+        let pod: PodView<'_> = serde_json::from_str(body).unwrap();
+        let names: Vec<String> = pod
+            .volumes_by_name()
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        assert_eq!(names, ["fast", "slow", "escaped"]);
+    }
 
     #[test]
     fn strings_borrow_unless_escaped() {
