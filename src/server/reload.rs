@@ -130,6 +130,12 @@ fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
     }
     if let Some(path) = &watched.config {
         let bytes = std::fs::read(path);
+        // A plain rewrite truncates before it writes; an empty file seen in between would
+        // silently mean "defaults". Wait for content (write `{}` to mean defaults).
+        if bytes.as_ref().is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace)) {
+            tracing::debug!(config = %path.display(), "configuration file is empty; waiting for content");
+            return;
+        }
         let changed = match &bytes {
             Ok(b) => seen.config.as_ref() != Some(b),
             Err(_) => seen.config.is_some(),
