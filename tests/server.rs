@@ -659,6 +659,11 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // The truncated moment of a plain rewrite is not "defaults".
+    std::fs::write(&cfg, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(mount_path_of(&server, &pod).await, "/second", "an empty file was applied");
+
     std::fs::write(
         &cfg,
         "profiles:\n  tmp: {mountPath: /third, emptyDir: {sizeLimt: 1Gi}}\n",
