@@ -11,7 +11,12 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 fn fixture(p: &str) -> Vec<u8> {
-    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(p)).unwrap()
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(p),
+    )
+    .unwrap()
 }
 
 fn config() -> Config {
@@ -20,16 +25,21 @@ fn config() -> Config {
 
 /// The review target's oracle.
 fn review_oracle(cfg: &Config, data: &[u8]) {
-    let Ok(handled) = review::handle(cfg, data) else { return };
+    let Ok(handled) = review::handle(cfg, data) else {
+        return;
+    };
     let response: Value = serde_json::from_slice(&handled.body).expect("response is JSON");
     let r = &response["response"];
     assert!(r["allowed"].is_boolean());
     assert_eq!(r.get("patch").is_some(), r.get("patchType").is_some());
     if let Some(patch) = r.get("patch").and_then(Value::as_str) {
-        let patch: json_patch::Patch = serde_json::from_slice(&STANDARD.decode(patch).unwrap()).unwrap();
+        let patch: json_patch::Patch =
+            serde_json::from_slice(&STANDARD.decode(patch).unwrap()).unwrap();
         // serde skips ignored fields without checking their escapes; a body only that lenient
         // parse accepts cannot be replayed here (the API server never sends one).
-        let Ok(request) = serde_json::from_slice::<Value>(data) else { return };
+        let Ok(request) = serde_json::from_slice::<Value>(data) else {
+            return;
+        };
         let mut object = request["request"]["object"].clone();
         json_patch::patch(&mut object, &patch).expect("the patch applies to the object");
     }
@@ -85,13 +95,16 @@ fn inputs_that_once_crashed_a_fuzz_target_stay_fixed() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz-regressions");
     let mut seen = 0;
     for target in ["annotation", "config", "review"] {
-        let Ok(entries) = std::fs::read_dir(root.join(target)) else { continue };
+        let Ok(entries) = std::fs::read_dir(root.join(target)) else {
+            continue;
+        };
         for entry in entries {
             let data = std::fs::read(entry.unwrap().path()).unwrap();
             seen += 1;
             match target {
                 "annotation" => {
-                    let _ = String::from_utf8_lossy(&data).parse::<evi::annotation::VolumeRequest>();
+                    let _ =
+                        String::from_utf8_lossy(&data).parse::<evi::annotation::VolumeRequest>();
                 }
                 "config" => {
                     let _ = Config::parse(&String::from_utf8_lossy(&data));

@@ -662,7 +662,11 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
     // The truncated moment of a plain rewrite is not "defaults".
     std::fs::write(&cfg, "").unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(mount_path_of(&server, &pod).await, "/second", "an empty file was applied");
+    assert_eq!(
+        mount_path_of(&server, &pod).await,
+        "/second",
+        "an empty file was applied"
+    );
 
     std::fs::write(
         &cfg,

@@ -8,11 +8,14 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
 static CONFIG: LazyLock<evi::config::Config> = LazyLock::new(|| {
-    evi::config::Config::parse(include_str!("../../tests/data/config.yaml")).expect("fixture config")
+    evi::config::Config::parse(include_str!("../../tests/data/config.yaml"))
+        .expect("fixture config")
 });
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(handled) = evi::review::handle(&CONFIG, data) else { return };
+    let Ok(handled) = evi::review::handle(&CONFIG, data) else {
+        return;
+    };
     let response: Value = serde_json::from_slice(&handled.body).expect("response is JSON");
     let r = &response["response"];
     assert!(r["allowed"].is_boolean());
@@ -22,7 +25,9 @@ fuzz_target!(|data: &[u8]| {
         let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("RFC 6902");
         // serde skips ignored fields without checking their escapes; a body only that lenient
         // parse accepts cannot be replayed here (the API server never sends one).
-        let Ok(request) = serde_json::from_slice::<Value>(data) else { return };
+        let Ok(request) = serde_json::from_slice::<Value>(data) else {
+            return;
+        };
         let mut object = request["request"]["object"].clone();
         json_patch::patch(&mut object, &patch).expect("the patch applies to the object");
     }

@@ -132,7 +132,10 @@ fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
         let bytes = std::fs::read(path);
         // A plain rewrite truncates before it writes; an empty file seen in between would
         // silently mean "defaults". Wait for content (write `{}` to mean defaults).
-        if bytes.as_ref().is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace)) {
+        if bytes
+            .as_ref()
+            .is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace))
+        {
             tracing::debug!(config = %path.display(), "configuration file is empty; waiting for content");
             return;
         }
