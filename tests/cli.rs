@@ -1,0 +1,238 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should stop loudly
+//! The `mutate` and `check-config` commands as a user runs them: exit codes, output formats,
+//! stdin, and messages on stderr.
+
+use std::{
+    io::Write,
+    path::Path,
+    process::{Command, Output, Stdio},
+};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ephemeral-volume-injector"))
+}
+
+fn data(p: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
+        .display()
+        .to_string()
+}
+
+fn run(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = bin()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn mutate_prints_the_patch_the_mutated_object_in_json_and_yaml() {
+    let input = data("inputs/deployment.yaml");
+    let out = run(&["mutate", "-f", &input, "-o", "patch"], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let patch: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(patch[0]["path"], "/spec/template/spec/volumes");
+
+    let out = run(&["mutate", "-f", &input, "-o", "json"], None);
+    let obj: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        obj["spec"]["template"]["spec"]["volumes"][0]["name"],
+        "scratch"
+    );
+
+    let out = run(&["mutate", "-f", &input], None);
+    assert_eq!(out.status.code(), Some(0));
+    let obj: Value = yaml_serde::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(
+        obj["spec"]["template"]["metadata"]["annotations"]["injector.ephemeral-volumes.io/injected"],
+        "scratch"
+    );
+}
+
+#[test]
+fn mutate_reads_stdin_and_prints_an_empty_patch_when_nothing_is_asked() {
+    let pod = std::fs::read_to_string(data("inputs/no-request.yaml")).unwrap();
+    let out = run(&["mutate", "-f", "-", "-o", "patch"], Some(&pod));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+}
+
+#[test]
+fn mutate_exits_1_with_the_reason_when_denied() {
+    let out = run(
+        &[
+            "mutate",
+            "--config",
+            &data("config.yaml"),
+            "-f",
+            &data("inputs/policy-denied.yaml"),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = text(&out.stderr);
+    assert!(err.contains("denied (403)"), "{err}");
+    assert!(
+        err.contains("annotation ephemeral-volumes.io/fast"),
+        "{err}"
+    );
+}
+
+#[test]
+fn mutate_matches_rules_in_the_given_namespace() {
+    let input = data("inputs/rule-only-job-pod.yaml");
+    let cfg = data("config.yaml");
+    let out = run(
+        &["mutate", "--config", &cfg, "-f", &input, "-o", "patch"],
+        None,
+    );
+    assert_eq!(
+        serde_json::from_slice::<Vec<Value>>(&out.stdout)
+            .unwrap()
+            .len(),
+        3
+    );
+    let out = run(
+        &[
+            "mutate",
+            "--config",
+            &cfg,
+            "-n",
+            "elsewhere",
+            "-f",
+            &input,
+            "-o",
+            "patch",
+        ],
+        None,
+    );
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    // Warnings go to stderr, the result to stdout.
+    let out = run(&["mutate", "--config", &cfg, "-f", &input], None);
+    assert!(
+        text(&out.stderr).contains("warning: volume scratch: container"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn mutate_exits_2_on_bad_input_configuration_or_usage() {
+    let cases: Vec<(Vec<String>, Option<&str>, &str)> = vec![
+        (
+            vec!["mutate".into(), "-f".into(), "-".into()],
+            Some("kind: ["),
+            "cannot parse",
+        ),
+        (
+            vec!["mutate".into(), "-f".into(), "-".into()],
+            Some("a: 1"),
+            "no apiVersion/kind",
+        ),
+        (
+            vec!["mutate".into(), "-f".into(), "-".into()],
+            Some("apiVersion: v1\nkind: Service\n"),
+            "kind \"Service\" is not supported",
+        ),
+        (
+            vec!["mutate".into(), "-f".into(), "-".into()],
+            Some("apiVersion: apps/v1\nkind: Deployment\nspec: {}\n"),
+            "no pod template at /spec/template",
+        ),
+        (
+            vec!["mutate".into(), "-f".into(), "/nonexistent.yaml".into()],
+            None,
+            "cannot read /nonexistent.yaml",
+        ),
+        (
+            vec![
+                "mutate".into(),
+                "--config".into(),
+                data("inputs/job.yaml"),
+                "-f".into(),
+                data("inputs/job.yaml"),
+            ],
+            None,
+            "configuration",
+        ),
+        (
+            vec![
+                "mutate".into(),
+                "-f".into(),
+                data("inputs/job.yaml"),
+                "-o".into(),
+                "xml".into(),
+            ],
+            None,
+            "invalid value 'xml'",
+        ),
+        (vec!["mutate".into()], None, "--filename"),
+        (vec!["frobnicate".into()], None, "unrecognized subcommand"),
+    ];
+    for (args, stdin, want) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&args, stdin);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(want),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn check_config_lists_every_error() {
+    let out = run(&["check-config", &data("config.yaml")], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("valid (3 profiles, 1 rules"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "profiles:\n  a: {mountPath: /a, emptyDir: {sizeLimt: 1Gi}}\npolicy:\n  maxSize: {memory: 1GB}\n",
+    )
+    .unwrap();
+    let out = run(&["check-config", bad.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("profiles.a: unknown field emptyDir.sizeLimt"),
+        "{err}"
+    );
+    assert!(
+        err.contains("policy.maxSize.memory: invalid quantity \"1GB\""),
+        "{err}"
+    );
+
+    let out = run(&["check-config", "/nonexistent.yaml"], None);
+    assert_eq!(out.status.code(), Some(2));
+}
