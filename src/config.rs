@@ -89,6 +89,9 @@ pub struct Config {
     pub injected_key: String,
     /// `injector.<prefix>/error`, written when `onError: warn` admits a pod it could not serve.
     pub error_key: String,
+    /// The two keys as JSON-pointer tokens (RFC 6901), computed once.
+    pub injected_token: String,
+    pub error_token: String,
     pub on_error: OnError,
     pub profiles: BTreeMap<String, VolumeRequest>,
     pub rules: Vec<Rule>,
@@ -148,6 +151,8 @@ impl Config {
             prefix: prefix.to_owned(),
             injected_key: format!("injector.{prefix}/injected"),
             error_key: format!("injector.{prefix}/error"),
+            injected_token: format!("injector.{}~1injected", crate::patch::escape(prefix)),
+            error_token: format!("injector.{}~1error", crate::patch::escape(prefix)),
             on_error: OnError::Deny,
             profiles: BTreeMap::new(),
             rules: Vec::new(),

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::{
     annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
     config::{Config, OnError},
-    patch::{InjectedVolume, PatchOp, PatchValue, escape},
+    patch::{InjectedVolume, PatchOp, PatchValue},
     pod::{ContainerView, PodView},
     quantity::Quantity,
 };
@@ -134,7 +134,13 @@ fn fail(cfg: &Config, pod: &PodView, target: Target<'_>, denial: Denial) -> Outc
         },
         OnError::Warn => {
             let mut patch = Vec::new();
-            annotate(pod, target, &cfg.error_key, &denial.message, &mut patch);
+            annotate(
+                pod,
+                target,
+                (&cfg.error_key, &cfg.error_token),
+                &denial.message,
+                &mut patch,
+            );
             Outcome {
                 patch,
                 warnings: vec![format!("volumes not injected: {}", denial.message)],
@@ -181,7 +187,14 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
 
     let mut out = Outcome::default();
     let mut ops = Vec::new();
-    apply(&cfg.injected_key, pod, target, &planned, &mut ops, &mut out)?;
+    apply(
+        (&cfg.injected_key, &cfg.injected_token),
+        pod,
+        target,
+        &planned,
+        &mut ops,
+        &mut out,
+    )?;
     out.patch = ops;
     Ok(out)
 }
@@ -272,10 +285,21 @@ fn resolve(
     let checked = matches!(origin, Origin::Annotation(_));
     let policy = &cfg.policy;
 
-    // Profiles: the profile's fields, overridden by what the request may override.
-    let (source, base, from_profile) = match &req.source {
+    // Profiles: the profile's fields, overridden by what the request may override. The
+    // request is taken apart rather than cloned: it is this decision's own copy.
+    let VolumeRequest {
+        source: requested,
+        size: size_override,
+        mount_path,
+        read_only,
+        sub_path,
+        containers,
+        init_containers,
+        env,
+    } = req;
+    let (source, base, profile_name) = match requested {
         Source::Profile(p) => {
-            let Some(profile) = cfg.profiles.get(p) else {
+            let Some(profile) = cfg.profiles.get(&p) else {
                 let known: Vec<&str> = cfg.profiles.keys().map(String::as_str).collect();
                 return Err(invalid(format!(
                     "profile {p:?} is not defined (defined: {})",
@@ -286,7 +310,7 @@ fn resolve(
                     }
                 )));
             };
-            (profile.source.clone(), Some(profile), true)
+            (profile.source.clone(), Some(profile), Some(p))
         }
         other => {
             if checked && !policy.allow_inline {
@@ -294,30 +318,30 @@ fn resolve(
                     "policy.allowInline is false: name one of the cluster's profiles".into(),
                 ));
             }
-            (other.clone(), None, false)
+            (other, None, None)
         }
     };
-    let mount_path: Option<String> = pick(&req, base, |r| r.mount_path.clone());
-    let Some(mount_path) = mount_path else {
-        return Err(invalid(match &req.source {
-            Source::Profile(p) => format!("mountPath is required: profile {p:?} does not set one"),
-            _ => "mountPath is required".into(),
+    let from_profile = profile_name.is_some();
+    let Some(mount_path) = or_profile(mount_path, base, |b| b.mount_path.clone()) else {
+        return Err(invalid(match &profile_name {
+            Some(p) => format!("mountPath is required: profile {p:?} does not set one"),
+            None => "mountPath is required".into(),
         }));
     };
-    let read_only: Option<bool> = pick(&req, base, |r| r.read_only);
-    let sub_path: Option<String> = pick(&req, base, |r| r.sub_path.clone());
-    let containers: Option<Vec<String>> = pick(&req, base, |r| r.containers.clone());
-    let init: Option<InitTargets> = pick(&req, base, |r| r.init_containers.clone());
-    let env: Option<Vec<String>> = pick(&req, base, |r| r.env.clone());
+    let read_only = or_profile(read_only, base, |b| b.read_only);
+    let sub_path = or_profile(sub_path, base, |b| b.sub_path.clone());
+    let containers = or_profile(containers, base, |b| b.containers.clone());
+    let init = or_profile(init_containers, base, |b| b.init_containers.clone());
+    let env = or_profile(env, base, |b| b.env.clone());
 
     let (kind, mut volume) = into_volume(name, source);
     // A profile's size may be overridden, within policy.
-    if let Some(size) = &req.size {
+    if let Some(size) = &size_override {
         set_size(&mut volume, size).map_err(invalid)?;
     }
     let (size, memory) = size_of(&volume).map_err(invalid)?;
 
-    if checked && (!from_profile || req.size.is_some()) {
+    if checked && (!from_profile || size_override.is_some()) {
         if !from_profile && !policy.types.contains(&kind) {
             return Err(forbidden(format!(
                 "type {kind} is not allowed by policy.types ({})",
@@ -403,12 +427,12 @@ fn resolve(
 }
 
 /// The request's value for a field, else the profile's.
-fn pick<T>(
-    req: &VolumeRequest,
-    base: Option<&VolumeRequest>,
-    f: impl Fn(&VolumeRequest) -> Option<T>,
+fn or_profile<T>(
+    requested: Option<T>,
+    profile: Option<&VolumeRequest>,
+    f: impl FnOnce(&VolumeRequest) -> Option<T>,
 ) -> Option<T> {
-    f(req).or_else(|| base.and_then(&f))
+    requested.or_else(|| profile.and_then(f))
 }
 
 fn into_volume(name: &str, source: Source) -> (VolumeKind, InjectedVolume) {
@@ -530,7 +554,7 @@ type Group<'a, 'p> = (
 
 /// Checks the plan against the pod (conflicts, what is already there) and writes the patch.
 fn apply(
-    injected_key: &str,
+    injected_key: (&str, &str),
     pod: &PodView,
     target: Target<'_>,
     planned: &[Planned],
@@ -586,7 +610,7 @@ fn apply(
                 continue;
             }
             let mut new_mounts = Vec::new();
-            let mut taken: BTreeMap<String, &str> = c
+            let mut taken: BTreeMap<&str, &str> = c
                 .volume_mounts
                 .iter()
                 .flatten()
@@ -595,7 +619,7 @@ fn apply(
             let mut new_env = Vec::new();
             for p in &mine {
                 let path = normalize(&p.mount.mount_path);
-                match taken.get(&path) {
+                match taken.get(path) {
                     Some(v) if *v == p.name => {}
                     Some(other) => {
                         return Err(conflict(format!(
@@ -731,7 +755,14 @@ fn push_all<T>(
 }
 
 /// Sets one annotation, creating `metadata` or `annotations` as needed; nothing if already set.
-fn annotate(pod: &PodView, target: Target<'_>, key: &str, value: &str, ops: &mut Vec<PatchOp>) {
+/// `key` is the annotation key and its JSON-pointer token.
+fn annotate(
+    pod: &PodView,
+    target: Target<'_>,
+    (key, token): (&str, &str),
+    value: &str,
+    ops: &mut Vec<PatchOp>,
+) {
     let base = target.base;
     match pod.metadata.as_ref().map(|m| m.annotations.as_ref()) {
         None => ops.push(PatchOp::add(
@@ -746,20 +777,16 @@ fn annotate(pod: &PodView, target: Target<'_>, key: &str, value: &str, ops: &mut
         )),
         Some(Some(a)) if a.get(key).map(|v| &**v) == Some(value) => {}
         Some(Some(_)) => ops.push(PatchOp::add(
-            format!("{base}/metadata/annotations/{}", escape(key)),
+            format!("{base}/metadata/annotations/{token}"),
             PatchValue::Text(value.to_owned()),
         )),
     }
 }
 
 /// Mount paths compare without trailing slashes (`/scratch/` is `/scratch`).
-fn normalize(p: &str) -> String {
+fn normalize(p: &str) -> &str {
     let t = p.trim_end_matches('/');
-    if t.is_empty() {
-        "/".to_owned()
-    } else {
-        t.to_owned()
-    }
+    if t.is_empty() { "/" } else { t }
 }
 
 /// Is everything we would write already there? The API server may have added defaults
