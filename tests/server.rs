@@ -853,3 +853,39 @@ async fn metrics_count_what_happened() {
             > 1.7e9
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+    let server = Server::start(
+        &["--max-connections", "2", "--header-timeout-seconds", "30"],
+        None,
+        dir(),
+    );
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let first = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+    let _second = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+    // The third TCP connection sits in the backlog: its handshake does not complete...
+    let third = tokio::spawn({
+        let tls = tls.clone();
+        let addr = server.webhook;
+        async move { connect(addr, &tls, Proto::H1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served beyond --max-connections 2"
+    );
+    // ...until a slot frees up.
+    drop(first);
+    let mut third = tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("the waiting connection was never served")
+        .unwrap()
+        .unwrap();
+    let (_, request) = nextflow_review("limit");
+    let (status, _) = third
+        .send("POST", "/mutate", serde_json::to_vec(&request).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}

@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// Seconds a client has to send the request headers (and to finish the TLS handshake).
     #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
     pub header_timeout_seconds: f64,
+    /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a
+    /// flood of idle or slow clients (each TLS connection holds buffers).
+    #[arg(long, env = "EVI_MAX_CONNECTIONS", default_value_t = 2048)]
+    pub max_connections: usize,
     /// After SIGTERM, seconds to keep accepting while unready, so endpoints can stop sending.
     #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value_t = 0.0)]
     pub drain_delay_seconds: f64,
@@ -286,6 +290,10 @@ pub async fn serve(
 
     let app = webhook_router(state.clone(), args.max_body_bytes);
     let graceful = GracefulShutdown::new();
+    let limits = Limits {
+        header_timeout,
+        connections: Arc::new(tokio::sync::Semaphore::new(args.max_connections.max(1))),
+    };
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(webhook = %webhook_addr, admin = %admin_addr, "listening");
 
@@ -295,7 +303,7 @@ pub async fn serve(
         &acceptor,
         &app,
         &graceful,
-        header_timeout,
+        &limits,
         shutdown.as_mut(),
     )
     .await;
@@ -305,7 +313,7 @@ pub async fn serve(
     tracing::info!(drain_delay = ?drain_delay, "shutting down: not ready");
     if !drain_delay.is_zero() {
         let delay = tokio::time::sleep(drain_delay);
-        accept_loop(&listener, &acceptor, &app, &graceful, header_timeout, delay).await;
+        accept_loop(&listener, &acceptor, &app, &graceful, &limits, delay).await;
     }
     drop(listener);
     tokio::select! {
@@ -317,16 +325,30 @@ pub async fn serve(
     Ok(())
 }
 
+struct Limits {
+    header_timeout: Duration,
+    connections: Arc<tokio::sync::Semaphore>,
+}
+
 async fn accept_loop(
     listener: &TcpListener,
     acceptor: &TlsAcceptor,
     app: &Router,
     graceful: &GracefulShutdown,
-    header_timeout: Duration,
+    limits: &Limits,
     until: impl std::future::Future<Output = ()>,
 ) {
+    let header_timeout = limits.header_timeout;
     let mut until = std::pin::pin!(until);
     loop {
+        // At the connection limit, stop accepting until one closes.
+        let permit = tokio::select! {
+            _ = until.as_mut() => return,
+            permit = limits.connections.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
         let (tcp, _peer) = tokio::select! {
             _ = until.as_mut() => return,
             accepted = listener.accept() => match accepted {
@@ -344,6 +366,7 @@ async fn accept_loop(
         let service = TowerToHyperService::new(app.clone());
         let watcher = graceful.watcher();
         tokio::spawn(async move {
+            let _permit = permit;
             let tls = match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
