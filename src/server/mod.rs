@@ -80,8 +80,9 @@ pub struct ServeArgs {
     #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
     pub header_timeout_seconds: f64,
     /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a
-    /// flood of idle or slow clients (each TLS connection holds buffers).
-    #[arg(long, env = "EVI_MAX_CONNECTIONS", default_value_t = 2048)]
+    /// flood of idle or slow clients (each connection in a TLS handshake holds ~25 KiB). Too low a
+    /// limit lets a flood of idle connections starve the API server until they time out.
+    #[arg(long, env = "EVI_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
     /// After SIGTERM, seconds to keep accepting while unready, so endpoints can stop sending.
     #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value_t = 0.0)]
