@@ -43,7 +43,7 @@ printf 'profiles:\n  tmp: {mountPath: /a, emptyDir: {sizeLimit: 1Gi}}\n' > "$wor
 start() { # extra args...
   "$BIN" serve --drain-delay-seconds "$DURATION" --listen 127.0.0.1:443 --admin-listen 127.0.0.1:18080 \
     --tls-cert "$secret/tls.crt" --tls-key "$secret/tls.key" --config "$work/config.yaml" \
-    --log-level warn "$@" 2>>"$work/server.log" &
+    --log-format json --log-level info "$@" 2>>"$work/server.log" &
   PID=$!
   until curl -s -o /dev/null --cacert "$work/ca.crt" -X POST --data-binary @"$BODY" https://localhost/mutate; do sleep 0.01; done
 }

@@ -2,7 +2,8 @@
 # Load benchmark: the webhook against the bare hyper+rustls baseline (benches/tls_baseline.rs),
 # alternated ROUNDS times under the same load. Servers are pinned to core 0, the load generator
 # to core 1. HTTP/1.1 keep-alive over TLS, CONNS connections, the review of
-# tests/data/review.json (a Nextflow pod that asks for two volumes).
+# tests/data/review.json (a Nextflow pod that asks for two volumes). The webhook runs as the
+# chart runs it: JSON logs at info, one decision line per request.
 #
 #   bash benches/load.sh            # ROUNDS=5 DURATION=10 CONNS=25 RATE=1000
 #
@@ -34,7 +35,7 @@ start_server() { # name -> sets PID, URL, STARTUP_MS
   local t0; t0=$(date +%s%N)
   if [ "$1" = webhook ]; then
     taskset -c 0 "$BIN" serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
-      --ca-out "$work/ca.crt" --log-level warn 2>"$work/$1.log" &
+      --ca-out "$work/ca.crt" --log-format json --log-level info 2>"$work/$1.log" &
     URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   else
     taskset -c 0 "$BASE" 127.0.0.1:$PORT "$work/ca.crt" 2>"$work/$1.log" &
