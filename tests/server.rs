@@ -390,6 +390,29 @@ async fn denials_pass_through_and_dry_run() {
     );
     assert!(r["response"].get("patch").is_none());
 
+    // The decision log names the pod, the reason and the message.
+    let t = Instant::now();
+    loop {
+        let logs = server.logs.lock().unwrap().clone();
+        if let Some(line) = logs.iter().find(|l| l["message"] == "denied") {
+            assert_eq!(line["uid"], "deny-1");
+            assert_eq!(line["pod"], "policy-denied");
+            assert_eq!(line["reason"], "policy");
+            assert!(
+                line["denial"]
+                    .as_str()
+                    .unwrap()
+                    .contains("policy.storageClasses")
+            );
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "no denied line in {logs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // Not a pod CREATE: allowed, untouched.
     let mut update =
         common::review_for(&common::read_input("nextflow-pod-mode.json"), "nf", "upd-1");
@@ -888,4 +911,35 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
         .await
         .unwrap();
     assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let mut server = Server::start(&["--drain-delay-seconds", "30"], None, dir());
+    server.signal("TERM");
+    let t = Instant::now();
+    while server.admin_get("/readyz").await.0 != StatusCode::SERVICE_UNAVAILABLE {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "still ready after SIGTERM"
+        );
+    }
+    // Draining for 30 s; a second signal does not wait for it.
+    server.signal("INT");
+    let status = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = server.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "did not exit on the second signal"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(1));
 }

@@ -463,7 +463,7 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                         })
                         .inc();
                     tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                        reason = reason.as_str(), message = h.message.as_deref().unwrap_or_default(), "denied");
+                        reason = reason.as_str(), denial = h.message.as_deref().unwrap_or_default(), "denied");
                 }
                 Verdict::Mutated => {
                     if let Some(message) = &h.message {
@@ -473,7 +473,7 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                             })
                             .inc();
                         tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                            message = %message, "admitted without volumes (onError: warn)");
+                            denial = %message, "admitted without volumes (onError: warn)");
                     } else {
                         tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
                             volumes = %volumes, "mutated");
