@@ -943,3 +943,27 @@ async fn a_second_signal_exits_at_once() {
     .unwrap();
     assert_eq!(status.code(), Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_error_warn_admits_unchanged_with_a_warning_and_the_status_annotation() {
+    let config = data("config-warn.yaml");
+    let server = Server::start(&["--config", config.to_str().unwrap()], None, dir());
+    let pod = common::read_input("invalid-annotation.yaml");
+    let request = common::review_for(&pod, "nf", "warn-1");
+    let r = review(&server, Proto::H1, &request).await;
+    assert_eq!(r["response"]["allowed"], true);
+    let warning = r["response"]["warnings"][0].as_str().unwrap();
+    assert!(warning.starts_with("volumes not injected: "), "{warning}");
+    let mutated = common::apply_response(&request, &r, &pod);
+    assert!(mutated["spec"].get("volumes").is_none(), "no volume at all");
+    let status = mutated["metadata"]["annotations"]["injector.ephemeral-volumes.io/error"]
+        .as_str()
+        .unwrap();
+    assert!(status.contains("unknown field \"mountpath\""), "{status}");
+    assert_eq!(
+        server
+            .metric("evi_denials_total{reason=\"admitted-on-error\"}")
+            .await,
+        1.0
+    );
+}
