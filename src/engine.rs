@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::{
-    api::core::v1::{EmptyDirVolumeSource, EnvVar, VolumeMount},
+    api::core::v1::{EnvVar, VolumeMount},
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 use serde_json::Value;
@@ -334,7 +334,7 @@ fn resolve(
     let init = or_profile(init_containers, base, |b| b.init_containers.clone());
     let env = or_profile(env, base, |b| b.env.clone());
 
-    let (kind, mut volume) = into_volume(name, source);
+    let (kind, mut volume) = into_volume(name, source).map_err(invalid)?;
     // A profile's size may be overridden, within policy.
     if let Some(size) = &size_override {
         set_size(&mut volume, size).map_err(invalid)?;
@@ -435,7 +435,7 @@ fn or_profile<T>(
     requested.or_else(|| profile.and_then(f))
 }
 
-fn into_volume(name: &str, source: Source) -> (VolumeKind, InjectedVolume) {
+fn into_volume(name: &str, source: Source) -> Result<(VolumeKind, InjectedVolume), String> {
     let mut v = InjectedVolume {
         name: name.to_owned(),
         empty_dir: None,
@@ -455,13 +455,11 @@ fn into_volume(name: &str, source: Source) -> (VolumeKind, InjectedVolume) {
             v.ephemeral = Some(e);
             VolumeKind::Ephemeral
         }
-        // Profiles never name profiles (checked when the configuration is loaded).
-        Source::Profile(_) => {
-            v.empty_dir = Some(EmptyDirVolumeSource::default());
-            VolumeKind::EmptyDir
-        }
+        // The configuration refuses a profile that names a profile; should one get here
+        // anyway, refuse the pod rather than guess a volume.
+        Source::Profile(p) => return Err(format!("profile {p:?} names another profile")),
     };
-    (kind, v)
+    Ok((kind, v))
 }
 
 fn set_size(v: &mut InjectedVolume, size: &str) -> Result<(), String> {
