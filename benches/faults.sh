@@ -11,12 +11,8 @@ export MIMALLOC_ARENA_EAGER_COMMIT=0
 work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cargo build --release --quiet --bin ephemeral-volume-injector
 BIN=target/release/ephemeral-volume-injector
-BODY=tests/data/review.json
-cat > "$work/post.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open("$BODY", "rb"); wrk.body = f:read("*a"); f:close()
-LUA
+. benches/common.sh
+write_wrk_script "$work/post.lua"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # --- certificates in the kubelet layout ------------------------------------------------

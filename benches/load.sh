@@ -20,12 +20,8 @@ work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' 
 cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
 BIN=target/release/ephemeral-volume-injector
 BASE=target/release/examples/tls-baseline
-BODY=tests/data/review.json
-cat > "$work/post.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open("$BODY", "rb"); wrk.body = f:read("*a"); f:close()
-LUA
+. benches/common.sh
+write_wrk_script "$work/post.lua"
 clk=$(getconf CLK_TCK)
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
