@@ -147,10 +147,6 @@ impl<'a> PodView<'a> {
         self.metadata.as_ref()?.annotations.as_ref()
     }
 
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.annotations()?.get(key).map(|v| &**v)
-    }
-
     /// `name`, or `generateName` followed by `*` for pods the API server has yet to name.
     pub fn display_name(&self) -> String {
         let Some(m) = &self.metadata else {
@@ -239,6 +235,6 @@ mod tests {
             meta.name.as_ref().unwrap().0,
             Cow::Borrowed("plain")
         ));
-        assert_eq!(pod.annotation("k"), Some(r#"{"a":1}"#));
+        assert_eq!(&*pod.annotations().unwrap()["k"], r#"{"a":1}"#);
     }
 }

@@ -21,21 +21,10 @@ pub struct QuantityError {
 }
 
 impl Quantity {
-    pub const ZERO: Quantity = Quantity { millis: 0 };
-
     pub fn from_bytes(bytes: u64) -> Self {
         Quantity {
             millis: u128::from(bytes) * 1000,
         }
-    }
-
-    pub fn is_zero(self) -> bool {
-        self.millis == 0
-    }
-
-    /// Value in whole base units, rounded up (as `Quantity.Value()` does).
-    pub fn value_ceil(self) -> u128 {
-        self.millis.div_ceil(1000)
     }
 }
 
@@ -182,7 +171,7 @@ mod tests {
     fn fractions_below_one_unit_round_up_to_milli_units() {
         assert_eq!(q("1m").millis, 1);
         assert_eq!(q("1n").millis, 1);
-        assert_eq!(q("1500m").value_ceil(), 2);
+        assert_eq!(q("1500m").millis, 1500);
     }
 
     #[test]

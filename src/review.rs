@@ -194,8 +194,6 @@ fn encode(
         None
     };
     let mut out = Vec::with_capacity(256 + patch.as_ref().map_or(0, |p| p.len() * 4 / 3 + 4));
-    let json =
-        |out: &mut Vec<u8>, v: &dyn erased::Json| v.write(out).map_err(ReviewError::Serialize);
     out.extend_from_slice(b"{\"apiVersion\":");
     json(&mut out, &api_version)?;
     out.extend_from_slice(b",\"kind\":");
@@ -241,16 +239,8 @@ fn encode(
     Ok(out)
 }
 
-mod erased {
-    /// Object-safe "serialise as JSON into this buffer".
-    pub trait Json {
-        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
-    }
-    impl<T: serde::Serialize + ?Sized> Json for T {
-        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-            serde_json::to_writer(out, self)
-        }
-    }
+fn json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), ReviewError> {
+    serde_json::to_writer(out, value).map_err(ReviewError::Serialize)
 }
 
 #[cfg(test)]

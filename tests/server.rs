@@ -161,6 +161,25 @@ impl Server {
         assert!(ok);
     }
 
+    /// Waits (off the runtime) for the process to exit, failing the test after `within`.
+    async fn exit_status(mut self, within: Duration) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            loop {
+                if let Some(status) = self.child.try_wait().unwrap() {
+                    return status;
+                }
+                assert!(
+                    t.elapsed() < within,
+                    "the server did not exit within {within:?}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .unwrap()
+    }
+
     async fn admin_get(&self, path: &str) -> (StatusCode, String) {
         let tcp = TcpStream::connect(self.admin).await.unwrap();
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
@@ -729,7 +748,7 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_and_exits_zero() {
-    let mut server = Server::start(
+    let server = Server::start(
         &[
             "--drain-delay-seconds",
             "1.5",
@@ -786,18 +805,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     for c in clients {
         c.await.unwrap();
     }
-    let status = tokio::task::spawn_blocking(move || {
-        let t = Instant::now();
-        loop {
-            if let Some(s) = server.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(t.elapsed() < Duration::from_secs(15), "did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    let status = server.exit_status(Duration::from_secs(15)).await;
     let failed = failed.lock().unwrap().clone();
     assert!(
         failed.is_empty(),
@@ -915,7 +923,7 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
-    let mut server = Server::start(&["--drain-delay-seconds", "30"], None, dir());
+    let server = Server::start(&["--drain-delay-seconds", "30"], None, dir());
     server.signal("TERM");
     let t = Instant::now();
     while server.admin_get("/readyz").await.0 != StatusCode::SERVICE_UNAVAILABLE {
@@ -926,21 +934,7 @@ async fn a_second_signal_exits_at_once() {
     }
     // Draining for 30 s; a second signal does not wait for it.
     server.signal("INT");
-    let status = tokio::task::spawn_blocking(move || {
-        let t = Instant::now();
-        loop {
-            if let Some(s) = server.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "did not exit on the second signal"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    })
-    .await
-    .unwrap();
+    let status = server.exit_status(Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(1));
 }
 

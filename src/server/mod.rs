@@ -449,12 +449,6 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                     })
                     .inc();
             }
-            let volumes = h
-                .injected
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<Vec<_>>()
-                .join(",");
             match &h.verdict {
                 Verdict::Denied(reason) => {
                     m.denials
@@ -475,8 +469,13 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                         tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
                             denial = %message, "admitted without volumes (onError: warn)");
                     } else {
+                        let volumes = h
+                            .injected
+                            .iter()
+                            .map(|(n, _)| n.as_str())
+                            .collect::<Vec<_>>();
                         tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                            volumes = %volumes, "mutated");
+                            volumes = %volumes.join(","), "mutated");
                     }
                 }
                 Verdict::Unchanged => {
