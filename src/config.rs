@@ -394,10 +394,21 @@ impl Rule {
         K: std::borrow::Borrow<str> + Ord,
         V: std::ops::Deref<Target = str>,
     {
+        self.in_namespace(namespace) && self.selects(labels)
+    }
+
+    pub fn in_namespace(&self, namespace: &str) -> bool {
         self.namespaces
             .as_ref()
             .is_none_or(|ns| ns.iter().any(|n| n == namespace))
-            && self.selector.as_ref().is_none_or(|s| s.matches(labels))
+    }
+
+    pub fn selects<K, V>(&self, labels: &BTreeMap<K, V>) -> bool
+    where
+        K: std::borrow::Borrow<str> + Ord,
+        V: std::ops::Deref<Target = str>,
+    {
+        self.selector.as_ref().is_none_or(|s| s.matches(labels))
     }
 }
 

@@ -249,10 +249,19 @@ fn collect(
         }
     }
     combine(errors)?;
-    let empty = BTreeMap::new();
-    let labels = pod.labels().unwrap_or(&empty);
+    // Labels are decoded only once a rule's namespaces match.
+    let mut labels = None;
     for rule in &cfg.rules {
-        if !rule.matches(namespace, labels) {
+        if !rule.in_namespace(namespace) {
+            continue;
+        }
+        if labels.is_none() {
+            labels = Some(pod.labels().map_err(|e| Denial {
+                reason: DenyReason::Invalid,
+                message: format!("metadata.labels: {e}"),
+            })?);
+        }
+        if !labels.as_ref().is_some_and(|l| rule.selects(l)) {
             continue;
         }
         for (name, req) in &rule.volumes {
@@ -706,17 +715,16 @@ fn apply(
 }
 
 fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
-    let resource = |map: Option<&crate::pod::StrMap<'_>>, key: &str| {
-        map.and_then(|m| m.get(key))
-            .and_then(|q| q.parse::<Quantity>().ok())
-    };
-    let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
-    let requests = c.resources.as_ref().and_then(|r| r.requests.as_ref());
     if p.kind != VolumeKind::EmptyDir {
         return;
     }
+    let resources = c.resources.as_ref();
+    let limits = resources.and_then(|r| r.limits.as_ref());
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    let quantity = |q: Option<&crate::pod::Str<'_>>| q.and_then(|q| q.parse::<Quantity>().ok());
     if p.memory {
-        if let (Some(size), Some(limit)) = (p.size, resource(limits, "memory"))
+        if let (Some(size), Some(limit)) =
+            (p.size, quantity(limits.and_then(|l| l.memory.as_ref())))
             && size > limit
         {
             out.warnings.push(format!(
@@ -724,7 +732,9 @@ fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
                 p.name, c.name
             ));
         }
-    } else if p.size.is_none() && resource(requests, "ephemeral-storage").is_none() {
+    } else if p.size.is_none()
+        && quantity(requests.and_then(|r| r.ephemeral_storage.as_ref())).is_none()
+    {
         out.warnings.push(format!(
             "volume {}: emptyDir without a size on container {}, which has no ephemeral-storage request; it can fill the node's disk",
             p.name, c.name

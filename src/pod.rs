@@ -77,8 +77,9 @@ pub struct MetaView<'a> {
     pub name: Option<Str<'a>>,
     #[serde(borrow, default)]
     pub generate_name: Option<Str<'a>>,
+    /// Kept raw: labels matter only when a rule's namespaces match (see [`PodView::labels`]).
     #[serde(borrow, default)]
-    pub labels: Option<StrMap<'a>>,
+    pub labels: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub annotations: Option<StrMap<'a>>,
 }
@@ -127,9 +128,18 @@ pub struct EnvView<'a> {
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesView<'a> {
     #[serde(borrow, default)]
-    pub limits: Option<StrMap<'a>>,
+    pub limits: Option<ResourceList<'a>>,
     #[serde(borrow, default)]
-    pub requests: Option<StrMap<'a>>,
+    pub requests: Option<ResourceList<'a>>,
+}
+
+/// The two resources the engine compares sizes with; the others are skipped.
+#[derive(Debug, Default, Deserialize)]
+pub struct ResourceList<'a> {
+    #[serde(borrow, default)]
+    pub memory: Option<Str<'a>>,
+    #[serde(borrow, default, rename = "ephemeral-storage")]
+    pub ephemeral_storage: Option<Str<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -139,8 +149,12 @@ struct VolumeName<'a> {
 }
 
 impl<'a> PodView<'a> {
-    pub fn labels(&self) -> Option<&StrMap<'a>> {
-        self.metadata.as_ref()?.labels.as_ref()
+    /// The pod's labels, decoded on demand (an absent map is empty).
+    pub fn labels(&self) -> Result<StrMap<'a>, serde_json::Error> {
+        match self.metadata.as_ref().and_then(|m| m.labels) {
+            Some(raw) => serde_json::from_str(raw.get()),
+            None => Ok(StrMap::new()),
+        }
     }
 
     pub fn annotations(&self) -> Option<&StrMap<'a>> {
@@ -236,5 +250,18 @@ mod tests {
             Cow::Borrowed("plain")
         ));
         assert_eq!(&*pod.annotations().unwrap()["k"], r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn labels_are_decoded_on_demand_and_errors_are_reported() {
+        let pod: PodView<'_> =
+            serde_json::from_str(r#"{"metadata":{"labels":{"a":"1","b\u0032":"2"}}}"#).unwrap();
+        let labels = pod.labels().unwrap();
+        assert_eq!(labels.len(), 2);
+        assert_eq!(&*labels["b2"], "2");
+        assert!(PodView::default().labels().unwrap().is_empty());
+        // A bad labels map does not fail the decode of a pod no rule looks at, only its use.
+        let odd: PodView<'_> = serde_json::from_str(r#"{"metadata":{"labels":{"a":1}}}"#).unwrap();
+        assert!(odd.labels().is_err());
     }
 }

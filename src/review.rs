@@ -327,4 +327,26 @@ mod tests {
             Err(ReviewError::NoRequest)
         ));
     }
+
+    #[test]
+    fn labels_are_read_only_for_rules_in_the_namespace_and_bad_ones_are_named() {
+        let cfg = Config::parse(
+            "rules:\n- name: r\n  namespaces: [nf]\n  podSelector: {matchLabels: {app: x}}\n  volumes:\n    tmp: {emptyDir: {}, mountPath: /tmp}\n",
+        )
+        .unwrap();
+        let pod = |labels: Value| json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c"}]}});
+        let h = handle(&cfg, &body("Pod", "CREATE", pod(json!({"app": "x"})))).unwrap();
+        assert_eq!(h.verdict, Verdict::Mutated);
+        assert_eq!(h.injected, [("tmp".to_owned(), VolumeKind::EmptyDir)]);
+        let h = handle(&cfg, &body("Pod", "CREATE", pod(json!({"app": 1})))).unwrap();
+        assert_eq!(h.verdict, Verdict::Denied(DenyReason::Invalid));
+        assert!(h.message.unwrap().starts_with("metadata.labels: "));
+        // Outside the rule's namespaces the labels are never decoded.
+        let mut other = body("Pod", "CREATE", pod(json!({"app": 1})));
+        other = String::from_utf8(other)
+            .unwrap()
+            .replace("\"nf\"", "\"ns2\"")
+            .into_bytes();
+        assert_eq!(handle(&cfg, &other).unwrap().verdict, Verdict::Unchanged);
+    }
 }
