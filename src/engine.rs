@@ -1,18 +1,17 @@
 //! The decision: from a pod's annotations, the matching rules and the configuration to a patch,
 //! a denial, and warnings. Pure: no I/O, no clock, no logging.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::{
-    api::core::v1::{EnvVar, VolumeMount},
-    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
+    api::core::v1::VolumeMount, apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 use serde_json::Value;
 
 use crate::{
     annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
     config::{Config, OnError},
-    patch::{InjectedVolume, PatchOp, PatchValue},
+    patch::{Entry, EnvValue, InjectedVolume, MetadataWith, Patch},
     pod::{ContainerView, PodView},
     quantity::Quantity,
 };
@@ -62,7 +61,7 @@ impl Denial {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Outcome {
     /// The patch to return; empty when there is nothing to do.
-    pub patch: Vec<PatchOp>,
+    pub patch: Patch,
     /// Volumes this pass adds, with their kind.
     pub injected: Vec<(String, VolumeKind)>,
     /// Set when the pod is refused (`onError: deny`), or admitted unchanged (`onError: warn`).
@@ -133,14 +132,24 @@ fn fail(cfg: &Config, pod: &PodView, target: Target<'_>, denial: Denial) -> Outc
             ..Outcome::default()
         },
         OnError::Warn => {
-            let mut patch = Vec::new();
-            annotate(
+            let mut patch = Patch::default();
+            let mut path = String::new();
+            if annotate(
                 pod,
                 target,
                 (&cfg.error_key, &cfg.error_token),
                 &denial.message,
                 &mut patch,
-            );
+                &mut path,
+            )
+            .is_err()
+            {
+                // The status annotation could not be written: refuse rather than admit silently.
+                return Outcome {
+                    denial: Some(denial),
+                    ..Outcome::default()
+                };
+            }
             Outcome {
                 patch,
                 warnings: vec![format!("volumes not injected: {}", denial.message)],
@@ -186,16 +195,13 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
     combine(errors)?;
 
     let mut out = Outcome::default();
-    let mut ops = Vec::new();
     apply(
         (&cfg.injected_key, &cfg.injected_token),
         pod,
         target,
         &planned,
-        &mut ops,
         &mut out,
     )?;
-    out.patch = ops;
     Ok(out)
 }
 
@@ -565,7 +571,6 @@ fn apply(
     pod: &PodView,
     target: Target<'_>,
     planned: &[Planned],
-    ops: &mut Vec<PatchOp>,
     out: &mut Outcome,
 ) -> Result<(), Denial> {
     let base = target.base;
@@ -575,7 +580,7 @@ fn apply(
     };
 
     // Volumes: identical ones count as done, different ones are conflicts.
-    let mut new_volumes = Vec::new();
+    let mut new_volumes: Vec<&Planned> = Vec::with_capacity(planned.len());
     let existing_volumes = pod.volumes_by_name();
     for p in planned {
         let found = existing_volumes
@@ -598,45 +603,52 @@ fn apply(
         }
     }
 
-    // Mounts, per container; the same checks for app and init containers.
+    // Mounts, per container; the same checks for app and init containers. Mount and env ops
+    // are written to their own patches so the final order is volumes, mounts, env, record.
     let groups: [Group<'_, '_>; 2] = [
         ("containers", pod.containers(), |p| &p.containers),
         ("initContainers", pod.init_containers(), |p| {
             &p.init_containers
         }),
     ];
-    let mut mount_ops = Vec::new();
-    let mut env_ops = Vec::new();
+    let mut mount_ops = Patch::default();
+    let mut env_ops = Patch::default();
+    let mut path = String::new();
+    let mut mine: Vec<&Planned> = Vec::with_capacity(planned.len());
+    let mut new_mounts: Vec<&VolumeMount> = Vec::with_capacity(planned.len());
+    let mut new_env: Vec<EnvValue<'_>> = Vec::new();
     for (field, list, targets_of) in groups {
         for (i, c) in list.iter().enumerate() {
-            let mine: Vec<&Planned> = planned
-                .iter()
-                .filter(|p| targets_of(p).contains(&i))
-                .collect();
+            mine.clear();
+            mine.extend(planned.iter().filter(|p| targets_of(p).contains(&i)));
             if mine.is_empty() {
                 continue;
             }
-            let mut new_mounts = Vec::new();
-            let mut taken: BTreeMap<&str, &str> = c
-                .volume_mounts
-                .iter()
-                .flatten()
-                .map(|m| (normalize(&m.mount_path), &*m.name))
-                .collect();
-            let mut new_env = Vec::new();
+            new_mounts.clear();
+            new_env.clear();
             for p in &mine {
-                let path = normalize(&p.mount.mount_path);
-                match taken.get(path) {
-                    Some(v) if *v == p.name => {}
-                    Some(other) => {
+                let want = normalize(&p.mount.mount_path);
+                let taken = c
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .map(|m| (normalize(&m.mount_path), &*m.name))
+                    .chain(
+                        new_mounts
+                            .iter()
+                            .map(|m| (normalize(&m.mount_path), &*m.name)),
+                    )
+                    .find(|(path, _)| *path == want);
+                match taken {
+                    Some((_, v)) if v == p.name => {}
+                    Some((_, other)) => {
                         return Err(conflict(format!(
                             "volume {:?}: container {:?} already mounts volume {other:?} at {}",
                             p.name, c.name, p.mount.mount_path
                         )));
                     }
                     None => {
-                        taken.insert(path, &p.name);
-                        new_mounts.push(p.mount.clone());
+                        new_mounts.push(&p.mount);
                         warn_mount(p, c, out);
                     }
                 }
@@ -647,39 +659,33 @@ fn apply(
                             "volume {}: container {} already sets {var}; left alone",
                             p.name, c.name
                         )),
-                        None if new_env.iter().any(|e: &EnvVar| &e.name == var) => {
+                        None if new_env.iter().any(|e| e.name == var) => {
                             out.warnings.push(format!(
                                 "volume {}: {var} is set by another volume in container {}; left alone",
                                 p.name, c.name
                             ))
                         }
-                        None => {
-                                new_env.push(EnvVar {
-                                name: var.clone(),
-                                value: Some(p.mount.mount_path.clone()),
-                                value_from: None,
-                            });
-                        }
+                        None => new_env.push(EnvValue {
+                            name: var,
+                            value: &p.mount.mount_path,
+                        }),
                     }
                 }
             }
-            let at = format!("{base}/spec/{field}/{i}");
+            let at = |path: &mut String, leaf: &str| {
+                use std::fmt::Write as _;
+                path.clear();
+                let _ = write!(path, "{base}/spec/{field}/{i}/{leaf}");
+            };
+            at(&mut path, "volumeMounts");
             push_all(
                 &mut mount_ops,
                 c.volume_mounts.is_some(),
-                format!("{at}/volumeMounts"),
-                new_mounts,
-                PatchValue::Mounts,
-                PatchValue::Mount,
-            );
-            push_all(
-                &mut env_ops,
-                c.env.is_some(),
-                format!("{at}/env"),
-                new_env,
-                PatchValue::Envs,
-                PatchValue::Env,
-            );
+                &mut path,
+                &new_mounts,
+            )?;
+            at(&mut path, "env");
+            push_all(&mut env_ops, c.env.is_some(), &mut path, &new_env)?;
         }
     }
 
@@ -693,25 +699,40 @@ fn apply(
             ));
         }
     }
-    push_all(
-        ops,
-        has_volumes,
-        format!("{base}/spec/volumes"),
-        new_volumes.iter().map(|p| p.volume.clone()).collect(),
-        PatchValue::Volumes,
-        PatchValue::Volume,
-    );
-    ops.extend(mount_ops);
-    ops.extend(env_ops);
+    let volumes: Vec<&InjectedVolume> = new_volumes.iter().map(|p| &p.volume).collect();
+    path.clear();
+    path.push_str(base);
+    path.push_str("/spec/volumes");
+    push_all(&mut out.patch, has_volumes, &mut path, &volumes)?;
+    out.patch.append(&mount_ops);
+    out.patch.append(&env_ops);
 
     // The record: every volume the webhook manages on this pod, done now or before.
-    let record = planned
-        .iter()
-        .map(|p| p.name.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
-    annotate(pod, target, injected_key, &record, ops);
+    let mut record = String::with_capacity(planned.iter().map(|p| p.name.len() + 1).sum());
+    for p in planned {
+        if !record.is_empty() {
+            record.push(',');
+        }
+        record.push_str(&p.name);
+    }
+    annotate(
+        pod,
+        target,
+        injected_key,
+        &record,
+        &mut out.patch,
+        &mut path,
+    )
+    .map_err(unwritable)?;
     Ok(())
+}
+
+/// Serialising the patch cannot fail for these types; should it, the pod is refused.
+fn unwritable(e: serde_json::Error) -> Denial {
+    Denial {
+        reason: DenyReason::Invalid,
+        message: format!("the patch could not be written: {e}"),
+    }
 }
 
 fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
@@ -742,52 +763,58 @@ fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
     }
 }
 
-fn push_all<T>(
-    ops: &mut Vec<PatchOp>,
+/// Adds `items` to the array at `path`: the whole array when it is missing, else one `/-`
+/// append each. `path` is a scratch buffer holding the array's path.
+fn push_all<T: serde::Serialize>(
+    patch: &mut Patch,
     exists: bool,
-    path: String,
-    items: Vec<T>,
-    whole: fn(Vec<T>) -> PatchValue,
-    one: impl Fn(T) -> PatchValue,
-) {
+    path: &mut String,
+    items: &[T],
+) -> Result<(), Denial> {
     if items.is_empty() {
-        return;
+        return Ok(());
     }
     if exists {
+        path.push_str("/-");
         for item in items {
-            ops.push(PatchOp::add(format!("{path}/-"), one(item)));
+            patch.add(path, item).map_err(unwritable)?;
         }
     } else {
-        ops.push(PatchOp::add(path, whole(items)));
+        patch.add(path, items).map_err(unwritable)?;
     }
+    Ok(())
 }
 
 /// Sets one annotation, creating `metadata` or `annotations` as needed; nothing if already set.
-/// `key` is the annotation key and its JSON-pointer token.
+/// `key` is the annotation key and its JSON-pointer token; `path` is a scratch buffer.
 fn annotate(
     pod: &PodView,
     target: Target<'_>,
     (key, token): (&str, &str),
     value: &str,
-    ops: &mut Vec<PatchOp>,
-) {
-    let base = target.base;
+    patch: &mut Patch,
+    path: &mut String,
+) -> Result<(), serde_json::Error> {
+    path.clear();
+    path.push_str(target.base);
+    path.push_str("/metadata");
     match pod.metadata.as_ref().map(|m| m.annotations.as_ref()) {
-        None => ops.push(PatchOp::add(
-            format!("{base}/metadata"),
-            PatchValue::Metadata {
-                annotations: BTreeMap::from([(key.to_owned(), value.to_owned())]),
+        None => patch.add(
+            path,
+            &MetadataWith {
+                annotations: Entry(key, value),
             },
-        )),
-        Some(None) => ops.push(PatchOp::add(
-            format!("{base}/metadata/annotations"),
-            PatchValue::Map(BTreeMap::from([(key.to_owned(), value.to_owned())])),
-        )),
-        Some(Some(a)) if a.get(key).map(|v| &**v) == Some(value) => {}
-        Some(Some(_)) => ops.push(PatchOp::add(
-            format!("{base}/metadata/annotations/{token}"),
-            PatchValue::Text(value.to_owned()),
-        )),
+        ),
+        Some(None) => {
+            path.push_str("/annotations");
+            patch.add(path, &Entry(key, value))
+        }
+        Some(Some(a)) if a.get(key).map(|v| &**v) == Some(value) => Ok(()),
+        Some(Some(_)) => {
+            path.push_str("/annotations/");
+            path.push_str(token);
+            patch.add(path, value)
+        }
     }
 }
 

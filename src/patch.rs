@@ -1,35 +1,122 @@
-//! JSON Patch (RFC 6902) operations as typed values, serialised once.
-
-use std::collections::BTreeMap;
+//! JSON Patch (RFC 6902): the operations the webhook writes, and the values it writes in them.
 
 use k8s_openapi::api::core::v1::{
-    CSIVolumeSource, EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource, Volume, VolumeMount,
+    CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource, Volume,
 };
 use serde::Serialize;
 
+/// A JSON Patch, written as JSON while the engine builds it: the ops' values are serialised
+/// straight from the engine's own (borrowed) objects, so nothing is cloned into an
+/// intermediate tree and the response only has to base64 the bytes.
+///
 /// The webhook only ever adds: whole arrays where they are missing, `/-` appends otherwise,
 /// and single annotation keys. It never replaces an existing array.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PatchOp {
-    pub op: &'static str,
-    pub path: String,
-    pub value: PatchValue,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Patch {
+    /// Always a complete JSON array (`[]` when empty).
+    json: Vec<u8>,
+    ops: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum PatchValue {
-    Volume(InjectedVolume),
-    Volumes(Vec<InjectedVolume>),
-    Mount(VolumeMount),
-    Mounts(Vec<VolumeMount>),
-    Env(EnvVar),
-    Envs(Vec<EnvVar>),
-    Text(String),
-    Map(BTreeMap<String, String>),
-    Metadata {
-        annotations: BTreeMap<String, String>,
-    },
+impl Default for Patch {
+    fn default() -> Self {
+        Patch {
+            json: b"[]".to_vec(),
+            ops: 0,
+        }
+    }
+}
+
+impl Patch {
+    pub fn is_empty(&self) -> bool {
+        self.ops == 0
+    }
+
+    /// The number of operations.
+    pub fn len(&self) -> usize {
+        self.ops
+    }
+
+    /// The RFC 6902 array, as the AdmissionReview carries it (before base64).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.json
+    }
+
+    /// Appends `{"op":"add","path":path,"value":value}`. On error the patch is unchanged.
+    pub fn add<T: Serialize + ?Sized>(
+        &mut self,
+        path: &str,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        let len = self.json.len();
+        self.open_op();
+        let written = serde_json::to_writer(&mut self.json, path).and_then(|()| {
+            self.json.extend_from_slice(b",\"value\":");
+            serde_json::to_writer(&mut self.json, value)
+        });
+        if let Err(e) = written {
+            self.json.truncate(len - 1);
+            self.json.push(b']');
+            return Err(e);
+        }
+        self.json.extend_from_slice(b"}]");
+        self.ops += 1;
+        Ok(())
+    }
+
+    fn open_op(&mut self) {
+        self.json.pop(); // the closing `]`
+        if self.ops > 0 {
+            self.json.push(b',');
+        }
+        self.json.extend_from_slice(b"{\"op\":\"add\",\"path\":");
+    }
+
+    /// Appends every operation of `other`, in order.
+    pub fn append(&mut self, other: &Patch) {
+        if other.is_empty() {
+            return;
+        }
+        self.json.pop();
+        if self.ops > 0 {
+            self.json.push(b',');
+        }
+        self.json.extend_from_slice(&other.json[1..]);
+        self.ops += other.ops;
+    }
+}
+
+impl Serialize for Patch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw: &serde_json::value::RawValue =
+            serde_json::from_slice(&self.json).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
+    }
+}
+
+/// Serialises as a one-entry JSON object, `{key: value}`.
+pub struct Entry<'a>(pub &'a str, pub &'a str);
+
+impl Serialize for Entry<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(self.0, self.1)?;
+        m.end()
+    }
+}
+
+/// `metadata` holding only annotations, for a pod that has no `metadata` at all.
+#[derive(Serialize)]
+pub struct MetadataWith<'a> {
+    pub annotations: Entry<'a>,
+}
+
+/// A `core/v1` EnvVar with a literal value; serialises as k8s-openapi's `EnvVar` does.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EnvValue<'a> {
+    pub name: &'a str,
+    pub value: &'a str,
 }
 
 /// A `core/v1` Volume with one of the three sources this webhook injects. It serialises exactly
@@ -58,16 +145,6 @@ impl From<InjectedVolume> for Volume {
     }
 }
 
-impl PatchOp {
-    pub fn add(path: String, value: PatchValue) -> Self {
-        PatchOp {
-            op: "add",
-            path,
-            value,
-        }
-    }
-}
-
 /// RFC 6901: `~` becomes `~0`, `/` becomes `~1`.
 pub fn escape(token: &str) -> std::borrow::Cow<'_, str> {
     if token.contains(['~', '/']) {
@@ -75,13 +152,6 @@ pub fn escape(token: &str) -> std::borrow::Cow<'_, str> {
     } else {
         token.into()
     }
-}
-
-/// Serialises a patch to the bytes the AdmissionReview carries (before base64).
-pub fn to_json(ops: &[PatchOp]) -> Result<Vec<u8>, serde_json::Error> {
-    let mut out = Vec::with_capacity(256 * ops.len());
-    serde_json::to_writer(&mut out, ops)?;
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -120,14 +190,57 @@ mod tests {
 
     #[test]
     fn ops_serialise_as_rfc_6902_and_apply_with_json_patch() {
-        let ops = vec![PatchOp::add(
-            "/metadata/annotations/a~1b".into(),
-            PatchValue::Text("x".into()),
-        )];
-        let bytes = to_json(&ops).unwrap();
-        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
-        let mut doc = serde_json::json!({"metadata": {"annotations": {}}});
-        json_patch::patch(&mut doc, &patch).unwrap();
+        let mut patch = Patch::default();
+        assert_eq!(patch.as_bytes(), b"[]");
+        patch.add("/metadata/annotations/a~1b", "x").unwrap();
+        let mut more = Patch::default();
+        more.add(
+            "/spec/env",
+            &[EnvValue {
+                name: "TMPDIR",
+                value: "/scratch",
+            }],
+        )
+        .unwrap();
+        more.add("/metadata/labels", &Entry("k\"", "v")).unwrap();
+        patch.append(&more);
+        patch.append(&Patch::default());
+        assert_eq!(patch.len(), 3);
+        let parsed: json_patch::Patch = serde_json::from_slice(patch.as_bytes()).unwrap();
+        let mut doc = serde_json::json!({"metadata": {"annotations": {}}, "spec": {}});
+        json_patch::patch(&mut doc, &parsed).unwrap();
         assert_eq!(doc["metadata"]["annotations"]["a/b"], "x");
+        assert_eq!(doc["metadata"]["labels"]["k\""], "v");
+        assert_eq!(
+            doc["spec"]["env"],
+            serde_json::to_value([k8s_openapi::api::core::v1::EnvVar {
+                name: "TMPDIR".into(),
+                value: Some("/scratch".into()),
+                value_from: None,
+            }])
+            .unwrap()
+        );
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            serde_json::from_slice::<serde_json::Value>(patch.as_bytes()).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_failed_add_leaves_the_patch_as_it_was() {
+        struct Fails;
+        impl Serialize for Fails {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("no"))
+            }
+        }
+        let mut patch = Patch::default();
+        patch.add("/a", "1").unwrap();
+        let before = patch.clone();
+        assert!(patch.add("/b", &Fails).is_err());
+        assert_eq!(patch, before);
+        let mut empty = Patch::default();
+        assert!(empty.add("/b", &Fails).is_err());
+        assert_eq!(empty, Patch::default());
     }
 }

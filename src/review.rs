@@ -14,7 +14,6 @@ use crate::{
     annotation::VolumeKind,
     config::Config,
     engine::{self, DenyReason, Outcome, Target},
-    patch,
     pod::{PodView, Str},
 };
 
@@ -189,11 +188,11 @@ fn encode(
 ) -> Result<Vec<u8>, ReviewError> {
     let allowed = outcome.allowed();
     let patch = if allowed && !outcome.patch.is_empty() {
-        Some(patch::to_json(&outcome.patch).map_err(ReviewError::Serialize)?)
+        Some(outcome.patch.as_bytes())
     } else {
         None
     };
-    let mut out = Vec::with_capacity(256 + patch.as_ref().map_or(0, |p| p.len() * 4 / 3 + 4));
+    let mut out = Vec::with_capacity(256 + patch.map_or(0, |p| p.len() * 4 / 3 + 4));
     out.extend_from_slice(b"{\"apiVersion\":");
     json(&mut out, &api_version)?;
     out.extend_from_slice(b",\"kind\":");
@@ -226,7 +225,7 @@ fn encode(
         let start = out.len();
         out.resize(start + base64::encoded_len(p.len(), true).unwrap_or(0), 0);
         let written = STANDARD
-            .encode_slice(&p, &mut out[start..])
+            .encode_slice(p, &mut out[start..])
             .map_err(|e| ReviewError::Serialize(serde::ser::Error::custom(e)))?;
         out.truncate(start + written);
         out.push(b'"');
