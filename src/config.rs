@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, value::RawValue};
 
 use crate::{
     annotation::{
@@ -94,8 +94,29 @@ pub struct Config {
     pub error_token: String,
     pub on_error: OnError,
     pub profiles: BTreeMap<String, VolumeRequest>,
+    /// Each profile's source, serialised at load (see [`CompiledSource`]).
+    pub profile_sources: BTreeMap<String, CompiledSource>,
     pub rules: Vec<Rule>,
     pub policy: Policy,
+}
+
+/// A profile's volume source serialised once, when the configuration is loaded: a pod that
+/// uses the profile as is gets these bytes in its patch, not a copy of the source serialised
+/// again for every pod.
+#[derive(Debug, Clone)]
+pub struct CompiledSource {
+    pub kind: VolumeKind,
+    /// The source object: the value of the volume's `emptyDir`, `csi` or `ephemeral` field.
+    pub json: Box<RawValue>,
+    pub size: Option<Quantity>,
+    pub memory: bool,
+}
+
+impl PartialEq for CompiledSource {
+    fn eq(&self, other: &Self) -> bool {
+        (self.kind, self.json.get(), self.size, self.memory)
+            == (other.kind, other.json.get(), other.size, other.memory)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +176,7 @@ impl Config {
             error_token: format!("injector.{}~1error", crate::patch::escape(prefix)),
             on_error: OnError::Deny,
             profiles: BTreeMap::new(),
+            profile_sources: BTreeMap::new(),
             rules: Vec::new(),
             policy: Policy::default(),
         }
@@ -206,9 +228,13 @@ fn compile(file: FileConfig) -> Result<Config, ConfigError> {
             Ok(req) if matches!(req.source, Source::Profile(_)) => {
                 errors.push(format!("{at}: a profile cannot name another profile"));
             }
-            Ok(req) => {
-                cfg.profiles.insert(name.clone(), req);
-            }
+            Ok(req) => match crate::engine::compile_source(&req.source) {
+                Ok(compiled) => {
+                    cfg.profile_sources.insert(name.clone(), compiled);
+                    cfg.profiles.insert(name.clone(), req);
+                }
+                Err(e) => errors.push(format!("{at}: {e}")),
+            },
             Err(e) => errors.push(format!("{at}: {e}")),
         }
     }
@@ -463,6 +489,25 @@ policy:
         assert!(cfg.rules[0].matches("nf", &labels));
         assert!(!cfg.rules[0].matches("default", &labels));
         assert!(!cfg.rules[0].matches("nf", &BTreeMap::<String, String>::new()));
+    }
+
+    #[test]
+    fn profile_sources_are_compiled_once_with_their_size() {
+        let cfg = Config::parse(SPEC_EXAMPLE).unwrap();
+        assert_eq!(cfg.profile_sources.len(), cfg.profiles.len());
+        let ebs = &cfg.profile_sources["ebs-200g"];
+        assert_eq!(ebs.kind, VolumeKind::Ephemeral);
+        assert_eq!(ebs.size, Some("200Gi".parse().unwrap()));
+        let Source::Ephemeral(source) = &cfg.profiles["ebs-200g"].source else {
+            panic!("ebs-200g is an ephemeral profile");
+        };
+        assert_eq!(
+            serde_json::from_str::<Value>(ebs.json.get()).unwrap(),
+            serde_json::to_value(source).unwrap()
+        );
+        let shm = &cfg.profile_sources["shm"];
+        assert_eq!((shm.kind, shm.memory), (VolumeKind::EmptyDir, true));
+        assert_eq!(shm.size, Some("1Gi".parse().unwrap()));
     }
 
     #[test]

@@ -6,11 +6,11 @@ use std::collections::BTreeSet;
 use k8s_openapi::{
     api::core::v1::VolumeMount, apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
-use serde_json::Value;
+use serde_json::{Value, value::RawValue};
 
 use crate::{
     annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
-    config::{Config, OnError},
+    config::{CompiledSource, Config, OnError},
     patch::{Entry, EnvValue, InjectedVolume, MetadataWith, Patch},
     pod::{ContainerView, PodView},
     quantity::Quantity,
@@ -104,10 +104,43 @@ impl Origin {
     }
 }
 
-struct Planned {
+/// A profile's source, compiled at load, or a source to build.
+enum Resolved<'c> {
+    Compiled(&'c CompiledSource),
+    Source(Source),
+}
+
+/// The volume to add: built for this pod, or a profile's as loaded.
+#[derive(Debug)]
+enum PlannedVolume<'c> {
+    Built(InjectedVolume),
+    Profile {
+        name: String,
+        kind: VolumeKind,
+        source: &'c RawValue,
+    },
+}
+
+impl serde::Serialize for PlannedVolume<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            PlannedVolume::Built(v) => v.serialize(s),
+            // Field order as InjectedVolume (and k8s-openapi's Volume) writes it.
+            PlannedVolume::Profile { name, kind, source } => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("name", name)?;
+                m.serialize_entry(kind.as_str(), source)?;
+                m.end()
+            }
+        }
+    }
+}
+
+struct Planned<'c> {
     name: String,
     kind: VolumeKind,
-    volume: InjectedVolume,
+    volume: PlannedVolume<'c>,
     mount: VolumeMount,
     env: Vec<String>,
     containers: Vec<usize>,
@@ -194,7 +227,10 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
     }
     combine(errors)?;
 
-    let mut out = Outcome::default();
+    let mut out = Outcome {
+        patch: Patch::with_capacity(512 * planned.len() + 256),
+        ..Outcome::default()
+    };
     apply(
         (&cfg.injected_key, &cfg.injected_token),
         pod,
@@ -281,13 +317,13 @@ fn collect(
     Ok(requests)
 }
 
-fn resolve(
-    cfg: &Config,
+fn resolve<'c>(
+    cfg: &'c Config,
     pod: &PodView,
     name: &str,
     origin: &Origin,
     req: VolumeRequest,
-) -> Result<Planned, Denial> {
+) -> Result<Planned<'c>, Denial> {
     let at = || origin.describe(name);
     let invalid = |m: String| Denial {
         reason: DenyReason::Invalid,
@@ -325,7 +361,19 @@ fn resolve(
                     }
                 )));
             };
-            (profile.source.clone(), Some(profile), Some(p))
+            // A profile used as is (no size override, no default size to add) needs neither
+            // a copy of its source nor checks: its bytes were written when it was loaded.
+            let as_is = cfg.profile_sources.get(&p).filter(|c| {
+                size_override.is_none()
+                    && !(policy.require_size_limit
+                        && c.kind == VolumeKind::EmptyDir
+                        && c.size.is_none())
+            });
+            let source = match as_is {
+                Some(c) => Resolved::Compiled(c),
+                None => Resolved::Source(profile.source.clone()),
+            };
+            (source, Some(profile), Some(p))
         }
         other => {
             if checked && !policy.allow_inline {
@@ -333,7 +381,7 @@ fn resolve(
                     "policy.allowInline is false: name one of the cluster's profiles".into(),
                 ));
             }
-            (other, None, None)
+            (Resolved::Source(other), None, None)
         }
     };
     let from_profile = profile_name.is_some();
@@ -349,50 +397,65 @@ fn resolve(
     let init = or_profile(init_containers, base, |b| b.init_containers.clone());
     let env = or_profile(env, base, |b| b.env.clone());
 
-    let (kind, mut volume) = into_volume(name, source).map_err(invalid)?;
-    // A profile's size may be overridden, within policy.
-    if let Some(size) = &size_override {
-        set_size(&mut volume, size).map_err(invalid)?;
-    }
-    let (size, memory) = size_of(&volume).map_err(invalid)?;
+    let (kind, volume, size, memory) = match source {
+        Resolved::Compiled(c) => (
+            c.kind,
+            PlannedVolume::Profile {
+                name: name.to_owned(),
+                kind: c.kind,
+                source: &c.json,
+            },
+            c.size,
+            c.memory,
+        ),
+        Resolved::Source(source) => {
+            let (kind, mut volume) = into_volume(name, source).map_err(invalid)?;
+            // A profile's size may be overridden, within policy.
+            if let Some(size) = &size_override {
+                set_size(&mut volume, size).map_err(invalid)?;
+            }
+            let (size, memory) = size_of(&volume).map_err(invalid)?;
 
-    if checked && (!from_profile || size_override.is_some()) {
-        if !from_profile && !policy.types.contains(&kind) {
-            return Err(forbidden(format!(
-                "type {kind} is not allowed by policy.types ({})",
-                policy
-                    .types
-                    .iter()
-                    .map(|k| k.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+            if checked && (!from_profile || size_override.is_some()) {
+                if !from_profile && !policy.types.contains(&kind) {
+                    return Err(forbidden(format!(
+                        "type {kind} is not allowed by policy.types ({})",
+                        policy
+                            .types
+                            .iter()
+                            .map(|k| k.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                if !from_profile {
+                    check_allowlists(policy, &volume).map_err(forbidden)?;
+                }
+                let max = match kind {
+                    VolumeKind::EmptyDir if memory => policy.max_memory.map(|m| (m, "memory")),
+                    VolumeKind::EmptyDir => policy.max_empty_dir.map(|m| (m, "emptyDir")),
+                    VolumeKind::Ephemeral => policy.max_ephemeral.map(|m| (m, "ephemeral")),
+                    VolumeKind::Csi => None,
+                };
+                if let (Some((max, field)), Some(size)) = (max, size)
+                    && size > max
+                {
+                    return Err(forbidden(format!(
+                        "size {size} exceeds policy.maxSize.{field} ({max})"
+                    )));
+                }
+            }
+            let mut size = size;
+            if policy.require_size_limit
+                && let Some(e) = volume.empty_dir.as_mut()
+                && e.size_limit.is_none()
+            {
+                e.size_limit = Some(K8sQuantity(policy.default_size_limit_text.clone()));
+                size = Some(policy.default_size_limit);
+            }
+            (kind, PlannedVolume::Built(volume), size, memory)
         }
-        if !from_profile {
-            check_allowlists(policy, &volume).map_err(forbidden)?;
-        }
-        let max = match kind {
-            VolumeKind::EmptyDir if memory => policy.max_memory.map(|m| (m, "memory")),
-            VolumeKind::EmptyDir => policy.max_empty_dir.map(|m| (m, "emptyDir")),
-            VolumeKind::Ephemeral => policy.max_ephemeral.map(|m| (m, "ephemeral")),
-            VolumeKind::Csi => None,
-        };
-        if let (Some((max, field)), Some(size)) = (max, size)
-            && size > max
-        {
-            return Err(forbidden(format!(
-                "size {size} exceeds policy.maxSize.{field} ({max})"
-            )));
-        }
-    }
-    let mut size = size;
-    if policy.require_size_limit
-        && let Some(e) = volume.empty_dir.as_mut()
-        && e.size_limit.is_none()
-    {
-        e.size_limit = Some(K8sQuantity(policy.default_size_limit_text.clone()));
-        size = Some(policy.default_size_limit);
-    }
+    };
 
     let find = |list: &[ContainerView], names: &[String], what: &str| {
         names
@@ -497,6 +560,25 @@ fn set_size(v: &mut InjectedVolume, size: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A profile's source as the patch will carry it, with its size: computed once per load.
+pub(crate) fn compile_source(source: &Source) -> Result<CompiledSource, String> {
+    let (kind, volume) = into_volume("", source.clone())?;
+    let (size, memory) = size_of(&volume)?;
+    let json = match (&volume.empty_dir, &volume.csi, &volume.ephemeral) {
+        (Some(e), _, _) => serde_json::to_string(e),
+        (_, Some(c), _) => serde_json::to_string(c),
+        (_, _, Some(e)) => serde_json::to_string(e),
+        _ => return Err("no volume source".into()),
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(CompiledSource {
+        kind,
+        json: RawValue::from_string(json).map_err(|e| e.to_string())?,
+        size,
+        memory,
+    })
+}
+
 /// The requested size (emptyDir sizeLimit or PVC storage request) and whether it is RAM.
 fn size_of(v: &InjectedVolume) -> Result<(Option<Quantity>, bool), String> {
     let parse = |q: &K8sQuantity| q.0.parse::<Quantity>().map_err(|e| format!("size: {e}"));
@@ -562,7 +644,7 @@ fn check_allowlists(policy: &crate::config::Policy, v: &InjectedVolume) -> Resul
 type Group<'a, 'p> = (
     &'static str,
     &'a [ContainerView<'p>],
-    fn(&Planned) -> &[usize],
+    for<'x> fn(&'x Planned<'_>) -> &'x [usize],
 );
 
 /// Checks the plan against the pod (conflicts, what is already there) and writes the patch.
@@ -611,9 +693,10 @@ fn apply(
             &p.init_containers
         }),
     ];
-    let mut mount_ops = Patch::default();
-    let mut env_ops = Patch::default();
-    let mut path = String::new();
+    // Sized for a typical op (~150 bytes) and volume (~300 bytes): no regrowth on the common path.
+    let mut mount_ops = Patch::with_capacity(160 * planned.len());
+    let mut env_ops = Patch::with_capacity(128);
+    let mut path = String::with_capacity(64);
     let mut mine: Vec<&Planned> = Vec::with_capacity(planned.len());
     let mut new_mounts: Vec<&VolumeMount> = Vec::with_capacity(planned.len());
     let mut new_env: Vec<EnvValue<'_>> = Vec::new();
@@ -699,7 +782,7 @@ fn apply(
             ));
         }
     }
-    let volumes: Vec<&InjectedVolume> = new_volumes.iter().map(|p| &p.volume).collect();
+    let volumes: Vec<&PlannedVolume> = new_volumes.iter().map(|p| &p.volume).collect();
     path.clear();
     path.push_str(base);
     path.push_str("/spec/volumes");

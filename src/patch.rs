@@ -28,6 +28,13 @@ impl Default for Patch {
 }
 
 impl Patch {
+    /// An empty patch with room for `bytes` of operations.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut json = Vec::with_capacity(bytes.max(2));
+        json.extend_from_slice(b"[]");
+        Patch { json, ops: 0 }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ops == 0
     }

@@ -348,4 +348,36 @@ mod tests {
             .into_bytes();
         assert_eq!(handle(&cfg, &other).unwrap().verdict, Verdict::Unchanged);
     }
+
+    #[test]
+    fn a_profile_is_used_as_loaded_unless_the_pod_or_the_policy_changes_it() {
+        let volumes = |policy: &str, annotation: &str| -> Value {
+            let cfg = Config::parse(&format!(
+                "profiles:\n  tmp: {{mountPath: /tmp, emptyDir: {{medium: Memory}}}}\n{policy}"
+            ))
+            .unwrap();
+            let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/t": annotation}},
+                             "spec": {"containers": [{"name": "c"}]}});
+            let h = handle(&cfg, &body("Pod", "CREATE", pod)).unwrap();
+            let out: Value = serde_json::from_slice(&h.body).unwrap();
+            let patch = STANDARD
+                .decode(out["response"]["patch"].as_str().unwrap())
+                .unwrap();
+            let patch: Value = serde_json::from_slice(&patch).unwrap();
+            patch[0]["value"][0].clone()
+        };
+        let as_loaded = json!({"name": "t", "emptyDir": {"medium": "Memory"}});
+        assert_eq!(volumes("", "tmp"), as_loaded);
+        assert_eq!(
+            volumes("", "profile=tmp,size=1Gi"),
+            json!({"name": "t", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
+        );
+        assert_eq!(
+            volumes(
+                "policy: {requireSizeLimit: true, defaultSizeLimit: 2Gi}",
+                "tmp"
+            ),
+            json!({"name": "t", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
+        );
+    }
 }
