@@ -129,7 +129,7 @@ impl FromStr for VolumeRequest {
                 .map_err(|e| GrammarError(format!("invalid JSON: {e}")))?;
             return VolumeRequest::from_json(&json);
         }
-        if !trimmed.contains('=') {
+        if !trimmed.bytes().any(|b| b == b'=') {
             validate_profile_name(trimmed)?;
             return Ok(VolumeRequest::profile(trimmed));
         }
@@ -139,7 +139,11 @@ impl FromStr for VolumeRequest {
             if pair.is_empty() {
                 continue;
             }
-            let Some((key, val)) = pair.split_once('=') else {
+            let Some((key, val)) = pair
+                .bytes()
+                .position(|b| b == b'=')
+                .map(|i| (&pair[..i], &pair[i + 1..]))
+            else {
                 return bad(format!(
                     "{pair:?} is not a key=value pair (values cannot contain commas; use the JSON form)"
                 ));
@@ -184,9 +188,10 @@ enum Val<'a> {
     Json(&'a Value),
 }
 
-impl Val<'_> {
-    fn string(&self, field: &str) -> Result<String, GrammarError> {
-        match self {
+impl<'a> Val<'a> {
+    /// The value, trimmed, borrowed from the annotation (or the JSON) it came from.
+    fn string(&self, field: &str) -> Result<&'a str, GrammarError> {
+        match *self {
             Val::Text(s) => non_empty(field, s),
             Val::Json(Value::String(s)) => non_empty(field, s),
             Val::Json(other) => bad(format!("{field} must be a string, not {other}")),
@@ -205,7 +210,7 @@ impl Val<'_> {
 
     /// `a;b;c` in key=value form, a list (or a `;`-separated string) in JSON.
     fn list(&self, field: &str) -> Result<Vec<String>, GrammarError> {
-        let items: Vec<String> = match self {
+        let items: Vec<String> = match *self {
             Val::Text(s) => split_list(s),
             Val::Json(Value::String(s)) => split_list(s),
             Val::Json(Value::Array(items)) => items
@@ -225,9 +230,9 @@ impl Val<'_> {
         Ok(items)
     }
 
-    fn object(&self, field: &str) -> Result<Value, GrammarError> {
-        match self {
-            Val::Json(v @ Value::Object(_)) => Ok((*v).clone()),
+    fn object(&self, field: &str) -> Result<&'a Value, GrammarError> {
+        match *self {
+            Val::Json(v @ Value::Object(_)) => Ok(v),
             Val::Json(v) => bad(format!("{field} must be a JSON object, not {v}")),
             Val::Text(_) => bad(format!(
                 "{field} needs the JSON form; in key=value form write type={field} with its shorthands"
@@ -244,37 +249,38 @@ fn split_list(s: &str) -> Vec<String> {
         .collect()
 }
 
-fn non_empty(field: &str, s: &str) -> Result<String, GrammarError> {
-    if s.trim().is_empty() {
+fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, GrammarError> {
+    let s = s.trim();
+    if s.is_empty() {
         bad(format!("{field} is empty"))
     } else {
-        Ok(s.trim().to_owned())
+        Ok(s)
     }
 }
 
-/// Every field as written, before the combination is checked.
+/// Every field as written (borrowed from the value), before the combination is checked.
 #[derive(Default)]
-struct Raw {
-    profile: Option<String>,
+struct Raw<'a> {
+    profile: Option<&'a str>,
     kind: Option<VolumeKind>,
-    empty_dir: Option<Value>,
-    csi: Option<Value>,
-    ephemeral: Option<Value>,
-    size: Option<String>,
-    medium: Option<String>,
-    storage_class: Option<String>,
-    access_mode: Option<String>,
-    driver: Option<String>,
-    fs_type: Option<String>,
-    attrs: BTreeMap<String, String>,
-    mount_path: Option<String>,
+    empty_dir: Option<&'a Value>,
+    csi: Option<&'a Value>,
+    ephemeral: Option<&'a Value>,
+    size: Option<&'a str>,
+    medium: Option<&'a str>,
+    storage_class: Option<&'a str>,
+    access_mode: Option<&'a str>,
+    driver: Option<&'a str>,
+    fs_type: Option<&'a str>,
+    attrs: BTreeMap<&'a str, &'a str>,
+    mount_path: Option<&'a str>,
     read_only: Option<bool>,
-    sub_path: Option<String>,
+    sub_path: Option<&'a str>,
     containers: Option<Vec<String>>,
     init_containers: Option<InitTargets>,
     env: Option<Vec<String>>,
     /// Shorthand fields in the order written, to name them in errors.
-    shorthands: Vec<String>,
+    shorthands: Vec<&'a str>,
 }
 
 const FIELDS: &str = "profile, type, emptyDir, csi, ephemeral, size, medium, storageClass, \
@@ -289,17 +295,17 @@ fn put<T>(slot: &mut Option<T>, field: &str, value: T) -> Result<(), GrammarErro
     Ok(())
 }
 
-impl Raw {
-    fn set(&mut self, key: &str, val: Val<'_>) -> Result<(), GrammarError> {
+impl<'a> Raw<'a> {
+    fn set(&mut self, key: &'a str, val: Val<'a>) -> Result<(), GrammarError> {
         if let Some(attr) = key.strip_prefix("attr.") {
             if attr.is_empty() {
                 return bad("attr. needs a key, e.g. attr.secretProviderClass=vault-db");
             }
             let v = val.string(key)?;
-            if self.attrs.insert(attr.to_owned(), v).is_some() {
+            if self.attrs.insert(attr, v).is_some() {
                 return bad(format!("{key} is given twice"));
             }
-            self.shorthands.push(key.to_owned());
+            self.shorthands.push(key);
             return Ok(());
         }
         let shorthand = matches!(
@@ -309,7 +315,7 @@ impl Raw {
         match key {
             "profile" => {
                 let p = val.string(key)?;
-                validate_profile_name(&p)?;
+                validate_profile_name(p)?;
                 put(&mut self.profile, key, p)
             }
             "type" => {
@@ -346,69 +352,64 @@ impl Raw {
             _ => bad(format!("unknown field {key:?}; the fields are {FIELDS}")),
         }?;
         if shorthand {
-            self.shorthands.push(key.to_owned());
+            self.shorthands.push(key);
         }
         Ok(())
     }
 
     fn build(self) -> Result<VolumeRequest, GrammarError> {
-        let given: Vec<&str> = [
+        let given = [
             ("profile", self.profile.is_some()),
             ("type", self.kind.is_some()),
             ("emptyDir", self.empty_dir.is_some()),
             ("csi", self.csi.is_some()),
             ("ephemeral", self.ephemeral.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(n, g)| g.then_some(n))
-        .collect();
-        match given.as_slice() {
-            [] => {
+        ];
+        match given.iter().filter(|(_, g)| *g).count() {
+            0 => {
                 return bad(
                     "no volume source: give exactly one of profile, type, emptyDir, csi, ephemeral",
                 );
             }
-            [_] => {}
-            many => {
+            1 => {}
+            _ => {
+                let many: Vec<&str> = given.iter().filter_map(|(n, g)| g.then_some(*n)).collect();
                 return bad(format!(
                     "{} are given together; give exactly one volume source",
                     many.join(" and ")
                 ));
             }
         }
-        let only = |allowed: &[&str], context: &str| -> Result<(), GrammarError> {
+        let only = |allowed: &[&str], context: &dyn Fn() -> String| -> Result<(), GrammarError> {
             match self.shorthands.iter().find(|s| {
-                !(allowed.contains(&s.as_str())
-                    || (allowed.contains(&"attr.") && s.starts_with("attr.")))
+                !(allowed.contains(s) || (allowed.contains(&"attr.") && s.starts_with("attr.")))
             }) {
-                Some(s) => bad(format!("{s} does not apply to {context}")),
+                Some(s) => bad(format!("{s} does not apply to {}", context())),
                 None => Ok(()),
             }
         };
 
         let mut size_override = None;
-        let source = if let Some(profile) = self.profile.clone() {
-            only(
-                &["size"],
-                &format!("profile={profile}: a profile fixes the volume source"),
-            )?;
-            size_override = self.size.clone();
-            if let Some(s) = &size_override {
+        let source = if let Some(profile) = self.profile {
+            only(&["size"], &|| {
+                format!("profile={profile}: a profile fixes the volume source")
+            })?;
+            if let Some(s) = self.size {
                 parse_size("size", s)?;
+                size_override = Some(s.to_owned());
             }
-            Source::Profile(profile)
+            Source::Profile(profile.to_owned())
         } else if let Some(kind) = self.kind {
             self.shorthand_source(kind, &only)?
         } else {
-            only(
-                &[],
-                "a volume given as a JSON object; put it inside the object",
-            )?;
-            if let Some(v) = &self.empty_dir {
+            only(&[], &|| {
+                "a volume given as a JSON object; put it inside the object".to_owned()
+            })?;
+            if let Some(v) = self.empty_dir {
                 Source::EmptyDir(from_json_strict("emptyDir", v)?)
-            } else if let Some(v) = &self.csi {
+            } else if let Some(v) = self.csi {
                 Source::Csi(from_json_strict("csi", v)?)
-            } else if let Some(v) = &self.ephemeral {
+            } else if let Some(v) = self.ephemeral {
                 Source::Ephemeral(Box::new(from_json_strict("ephemeral", v)?))
             } else {
                 return bad("no volume source");
@@ -416,10 +417,10 @@ impl Raw {
         };
         validate_source(&source)?;
 
-        if let Some(p) = &self.mount_path {
+        if let Some(p) = self.mount_path {
             validate_mount_path(p)?;
         }
-        if let Some(p) = &self.sub_path {
+        if let Some(p) = self.sub_path {
             validate_sub_path(p)?;
         }
         for c in self.containers.iter().flatten() {
@@ -436,9 +437,9 @@ impl Raw {
         Ok(VolumeRequest {
             source,
             size: size_override,
-            mount_path: self.mount_path,
+            mount_path: self.mount_path.map(str::to_owned),
             read_only: self.read_only,
-            sub_path: self.sub_path,
+            sub_path: self.sub_path.map(str::to_owned),
             containers: self.containers,
             init_containers: self.init_containers,
             env: self.env,
@@ -452,42 +453,46 @@ impl Raw {
     ) -> Result<Source, GrammarError> {
         Ok(match kind {
             VolumeKind::EmptyDir => {
-                only(&["size", "medium"], "type=emptyDir")?;
+                only(&["size", "medium"], &|| "type=emptyDir".to_owned())?;
                 Source::EmptyDir(EmptyDirVolumeSource {
-                    medium: self.medium.clone(),
-                    size_limit: self.size.clone().map(K8sQuantity),
+                    medium: self.medium.map(str::to_owned),
+                    size_limit: self.size.map(|s| K8sQuantity(s.to_owned())),
                 })
             }
             VolumeKind::Csi => {
-                only(&["driver", "fsType", "attr."], "type=csi")?;
-                let Some(driver) = self.driver.clone() else {
+                only(&["driver", "fsType", "attr."], &|| "type=csi".to_owned())?;
+                let Some(driver) = self.driver.map(str::to_owned) else {
                     return bad("type=csi needs driver=<CSI driver name>");
                 };
                 Source::Csi(CSIVolumeSource {
                     driver,
-                    fs_type: self.fs_type.clone(),
+                    fs_type: self.fs_type.map(str::to_owned),
                     // The Secrets Store driver refuses a writable inline volume; readOnly on the
                     // annotation means both the mount and the volume.
                     read_only: self.read_only,
-                    volume_attributes: (!self.attrs.is_empty()).then(|| self.attrs.clone()),
+                    volume_attributes: (!self.attrs.is_empty()).then(|| {
+                        self.attrs
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                            .collect()
+                    }),
                     node_publish_secret_ref: None,
                 })
             }
             VolumeKind::Ephemeral => {
-                only(&["size", "storageClass", "accessMode"], "type=ephemeral")?;
-                let Some(size) = self.size.clone() else {
+                only(&["size", "storageClass", "accessMode"], &|| {
+                    "type=ephemeral".to_owned()
+                })?;
+                let Some(size) = self.size.map(str::to_owned) else {
                     return bad("type=ephemeral needs size=<quantity>, e.g. size=100Gi");
                 };
-                let access = self
-                    .access_mode
-                    .clone()
-                    .unwrap_or_else(|| "ReadWriteOnce".to_owned());
+                let access = self.access_mode.unwrap_or("ReadWriteOnce").to_owned();
                 Source::Ephemeral(Box::new(EphemeralVolumeSource {
                     volume_claim_template: Some(PersistentVolumeClaimTemplate {
                         metadata: None,
                         spec: PersistentVolumeClaimSpec {
                             access_modes: Some(vec![access]),
-                            storage_class_name: self.storage_class.clone(),
+                            storage_class_name: self.storage_class.map(str::to_owned),
                             resources: Some(VolumeResourceRequirements {
                                 requests: Some(BTreeMap::from([(
                                     "storage".to_owned(),
@@ -504,7 +509,7 @@ impl Raw {
     }
 }
 
-type OnlyCheck<'a> = dyn Fn(&[&str], &str) -> Result<(), GrammarError> + 'a;
+type OnlyCheck<'a> = dyn Fn(&[&str], &dyn Fn() -> String) -> Result<(), GrammarError> + 'a;
 
 // === validation shared by annotations, profiles and rules ===
 
