@@ -118,7 +118,7 @@ impl FromStr for VolumeRequest {
 
     /// Parses an annotation value in any of the three forms.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let trimmed = value.trim();
+        let trimmed = trim(value);
         if trimmed.is_empty() {
             return bad(
                 "the value is empty; give a profile name, key=value pairs or a JSON object",
@@ -134,8 +134,8 @@ impl FromStr for VolumeRequest {
             return Ok(VolumeRequest::profile(trimmed));
         }
         let mut raw = Raw::default();
-        for pair in trimmed.split(',') {
-            let pair = pair.trim();
+        for pair in split_ascii(trimmed, b',') {
+            let pair = trim(pair);
             if pair.is_empty() {
                 continue;
             }
@@ -148,7 +148,7 @@ impl FromStr for VolumeRequest {
                     "{pair:?} is not a key=value pair (values cannot contain commas; use the JSON form)"
                 ));
             };
-            raw.set(key.trim(), Val::Text(val.trim()))?;
+            raw.set(trim(key), Val::Text(trim(val)))?;
         }
         raw.build()
     }
@@ -242,15 +242,51 @@ impl<'a> Val<'a> {
 }
 
 fn split_list(s: &str) -> Vec<String> {
-    s.split(';')
-        .map(str::trim)
+    split_ascii(s, b';')
+        .map(trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
 }
 
+/// `str::split` on an ASCII separator, without the char searcher's setup per piece (annotation
+/// values are short). An ASCII byte never occurs inside a multi-byte character.
+fn split_ascii(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        match r.bytes().position(|b| b == sep) {
+            Some(i) => {
+                rest = r.get(i + 1..);
+                r.get(..i)
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
+        }
+    })
+}
+
+/// `str::trim`, with a byte-level fast path for the usual all-ASCII edges.
+fn trim(s: &str) -> &str {
+    let ws = |b: &u8| b.is_ascii() && char::from(*b).is_whitespace();
+    let bytes = s.as_bytes();
+    let start = bytes.iter().position(|b| !ws(b)).unwrap_or(bytes.len());
+    let end = bytes.iter().rposition(|b| !ws(b)).map_or(start, |i| i + 1);
+    match s.get(start..end) {
+        Some(t)
+            if t.bytes().next().is_none_or(|b| b.is_ascii())
+                && t.bytes().next_back().is_none_or(|b| b.is_ascii()) =>
+        {
+            t
+        }
+        _ => s.trim(),
+    }
+}
+
 fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, GrammarError> {
-    let s = s.trim();
+    let s = trim(s);
     if s.is_empty() {
         bad(format!("{field} is empty"))
     } else {
@@ -700,6 +736,31 @@ mod tests {
 
     fn ok(v: &str) -> VolumeRequest {
         v.parse().unwrap_or_else(|e| panic!("{v}: {e}"))
+    }
+
+    #[test]
+    fn ascii_split_and_trim_match_the_standard_library() {
+        for s in [
+            "",
+            ",",
+            "a",
+            "a,b",
+            ",a,,b,",
+            " a , b ",
+            "é,ü",
+            "\u{a0}x\u{a0}",
+            "\u{b} y \t",
+            "\u{3000}z",
+            "x\u{2003}",
+            " \u{a0} ",
+        ] {
+            assert_eq!(
+                split_ascii(s, b',').collect::<Vec<_>>(),
+                s.split(',').collect::<Vec<_>>(),
+                "{s:?}"
+            );
+            assert_eq!(trim(s), s.trim(), "{s:?}");
+        }
     }
 
     #[test]
