@@ -1,17 +1,15 @@
 //! The decision: from a pod's annotations, the matching rules and the configuration to a patch,
 //! a denial, and warnings. Pure: no I/O, no clock, no logging.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
 
-use k8s_openapi::{
-    api::core::v1::VolumeMount, apimachinery::pkg::api::resource::Quantity as K8sQuantity,
-};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use serde_json::{Value, value::RawValue};
 
 use crate::{
     annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
     config::{CompiledSource, Config, OnError},
-    patch::{Entry, EnvValue, InjectedVolume, MetadataWith, Patch},
+    patch::{Entry, EnvValue, InjectedVolume, MetadataWith, MountValue, Patch},
     pod::{ContainerView, PodView},
     quantity::Quantity,
 };
@@ -89,13 +87,13 @@ pub struct Target<'a> {
 // === impl the engine ===
 
 /// Where a request came from, for messages and for policy: annotations are checked, rules trusted.
-#[derive(Debug, Clone)]
-enum Origin {
-    Annotation(String),
-    Rule(String),
+#[derive(Debug, Clone, Copy)]
+enum Origin<'a> {
+    Annotation(&'a str),
+    Rule(&'a str),
 }
 
-impl Origin {
+impl Origin<'_> {
     fn describe(&self, volume: &str) -> String {
         match self {
             Origin::Annotation(key) => format!("annotation {key}"),
@@ -112,12 +110,12 @@ enum Resolved<'c> {
 
 /// The volume to add: built for this pod, or a profile's as loaded.
 #[derive(Debug)]
-enum PlannedVolume<'c> {
+enum PlannedVolume<'a> {
     Built(InjectedVolume),
     Profile {
-        name: String,
+        name: &'a str,
         kind: VolumeKind,
-        source: &'c RawValue,
+        source: &'a RawValue,
     },
 }
 
@@ -137,17 +135,47 @@ impl serde::Serialize for PlannedVolume<'_> {
     }
 }
 
-struct Planned<'c> {
-    name: String,
+/// Which entries of a container list get the mount.
+#[derive(Debug)]
+enum Targets {
+    All,
+    Listed(Vec<usize>),
+}
+
+impl Targets {
+    fn contains(&self, i: usize) -> bool {
+        match self {
+            Targets::All => true,
+            Targets::Listed(l) => l.contains(&i),
+        }
+    }
+}
+
+/// One volume to add, borrowing from the configuration and the pod where it can.
+struct Planned<'a> {
+    name: &'a str,
     kind: VolumeKind,
-    volume: PlannedVolume<'c>,
-    mount: VolumeMount,
-    env: Vec<String>,
-    containers: Vec<usize>,
-    init_containers: Vec<usize>,
+    volume: PlannedVolume<'a>,
+    mount_path: Cow<'a, str>,
+    read_only: Option<bool>,
+    sub_path: Option<Cow<'a, str>>,
+    env: Cow<'a, [String]>,
+    containers: Targets,
+    init_containers: Targets,
     size: Option<Quantity>,
     memory: bool,
-    origin: Origin,
+    origin: Origin<'a>,
+}
+
+impl Planned<'_> {
+    fn mount(&self) -> MountValue<'_> {
+        MountValue {
+            mount_path: &self.mount_path,
+            name: self.name,
+            read_only: self.read_only,
+            sub_path: self.sub_path.as_deref(),
+        }
+    }
 }
 
 pub fn mutate(cfg: &Config, pod: &PodView, target: Target<'_>) -> Outcome {
@@ -207,9 +235,9 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
     }
 
     let mut errors: Vec<Denial> = Vec::new();
-    let mut planned = Vec::new();
+    let mut planned = Vec::with_capacity(requests.len());
     for (name, origin, req) in requests {
-        match resolve(cfg, pod, &name, &origin, req) {
+        match resolve(cfg, pod, name, origin, req) {
             Ok(p) => planned.push(p),
             Err(d) => errors.push(d),
         }
@@ -256,14 +284,17 @@ fn combine(errors: Vec<Denial>) -> Result<(), Denial> {
     })
 }
 
-fn collect(
-    cfg: &Config,
-    pod: &PodView,
+/// One request: the volume name, where it came from, and what it asks for (borrowed from a
+/// rule, or parsed from an annotation).
+type Request<'a> = (&'a str, Origin<'a>, Cow<'a, VolumeRequest>);
+
+fn collect<'a>(
+    cfg: &'a Config,
+    pod: &'a PodView,
     namespace: &str,
-) -> Result<Vec<(String, Origin, VolumeRequest)>, Denial> {
-    let mut requests = Vec::new();
+) -> Result<Vec<Request<'a>>, Denial> {
+    let mut requests: Vec<Request<'a>> = Vec::new();
     let mut errors = Vec::new();
-    let mut names = BTreeSet::new();
     if let Some(annotations) = pod.annotations() {
         for (key, value) in annotations {
             let (key, value) = (&**key, &**value);
@@ -282,10 +313,7 @@ fn collect(
                 continue;
             }
             match value.parse::<VolumeRequest>() {
-                Ok(req) => {
-                    names.insert(name.to_owned());
-                    requests.push((name.to_owned(), Origin::Annotation(key.to_owned()), req));
-                }
+                Ok(req) => requests.push((name, Origin::Annotation(key), Cow::Owned(req))),
                 Err(e) => errors.push(invalid(e.0)),
             }
         }
@@ -308,22 +336,22 @@ fn collect(
         }
         for (name, req) in &rule.volumes {
             // An annotation for the same name wins; the first matching rule wins over later ones.
-            if names.insert(name.clone()) {
-                requests.push((name.clone(), Origin::Rule(rule.name.clone()), req.clone()));
+            if !requests.iter().any(|(n, ..)| n == name) {
+                requests.push((name, Origin::Rule(&rule.name), Cow::Borrowed(req)));
             }
         }
     }
-    requests.sort_by(|a, b| a.0.cmp(&b.0));
+    requests.sort_by(|a, b| a.0.cmp(b.0));
     Ok(requests)
 }
 
-fn resolve<'c>(
-    cfg: &'c Config,
+fn resolve<'a>(
+    cfg: &'a Config,
     pod: &PodView,
-    name: &str,
-    origin: &Origin,
-    req: VolumeRequest,
-) -> Result<Planned<'c>, Denial> {
+    name: &'a str,
+    origin: Origin<'a>,
+    req: Cow<'a, VolumeRequest>,
+) -> Result<Planned<'a>, Denial> {
     let at = || origin.describe(name);
     let invalid = |m: String| Denial {
         reason: DenyReason::Invalid,
@@ -336,8 +364,8 @@ fn resolve<'c>(
     let checked = matches!(origin, Origin::Annotation(_));
     let policy = &cfg.policy;
 
-    // Profiles: the profile's fields, overridden by what the request may override. The
-    // request is taken apart rather than cloned: it is this decision's own copy.
+    // Profiles: the profile's fields, overridden by what the request may override. An
+    // annotation's request is this decision's own and is taken apart; a rule's is copied.
     let VolumeRequest {
         source: requested,
         size: size_override,
@@ -347,7 +375,7 @@ fn resolve<'c>(
         containers,
         init_containers,
         env,
-    } = req;
+    } = req.into_owned();
     let (source, base, profile_name) = match requested {
         Source::Profile(p) => {
             let Some(profile) = cfg.profiles.get(&p) else {
@@ -385,23 +413,23 @@ fn resolve<'c>(
         }
     };
     let from_profile = profile_name.is_some();
-    let Some(mount_path) = or_profile(mount_path, base, |b| b.mount_path.clone()) else {
+    let Some(mount_path) = or_profile(mount_path, base, |b| b.mount_path.as_deref()) else {
         return Err(invalid(match &profile_name {
             Some(p) => format!("mountPath is required: profile {p:?} does not set one"),
             None => "mountPath is required".into(),
         }));
     };
-    let read_only = or_profile(read_only, base, |b| b.read_only);
-    let sub_path = or_profile(sub_path, base, |b| b.sub_path.clone());
-    let containers = or_profile(containers, base, |b| b.containers.clone());
-    let init = or_profile(init_containers, base, |b| b.init_containers.clone());
-    let env = or_profile(env, base, |b| b.env.clone());
+    let read_only = read_only.or_else(|| base.and_then(|b| b.read_only));
+    let sub_path = or_profile(sub_path, base, |b| b.sub_path.as_deref());
+    let containers = or_profile(containers, base, |b| b.containers.as_deref());
+    let init = or_profile(init_containers, base, |b| b.init_containers.as_ref());
+    let env = or_profile(env, base, |b| b.env.as_deref());
 
     let (kind, volume, size, memory) = match source {
         Resolved::Compiled(c) => (
             c.kind,
             PlannedVolume::Profile {
-                name: name.to_owned(),
+                name,
                 kind: c.kind,
                 source: &c.json,
             },
@@ -475,42 +503,43 @@ fn resolve<'c>(
             .collect::<Result<Vec<usize>, Denial>>()
     };
     let containers = match containers {
-        Some(names) => find(pod.containers(), &names, "container")?,
-        None => (0..pod.containers().len()).collect(),
+        Some(names) => Targets::Listed(find(pod.containers(), &names, "container")?),
+        None => Targets::All,
     };
-    let init_containers = match init {
-        None | Some(InitTargets::None) => Vec::new(),
-        Some(InitTargets::All) => (0..pod.init_containers().len()).collect(),
-        Some(InitTargets::Named(names)) => find(pod.init_containers(), &names, "init container")?,
+    let init_containers = match init.as_deref() {
+        None | Some(InitTargets::None) => Targets::Listed(Vec::new()),
+        Some(InitTargets::All) => Targets::All,
+        Some(InitTargets::Named(names)) => {
+            Targets::Listed(find(pod.init_containers(), names, "init container")?)
+        }
     };
 
     Ok(Planned {
-        name: name.to_owned(),
+        name,
         kind,
-        mount: VolumeMount {
-            name: name.to_owned(),
-            mount_path,
-            read_only,
-            sub_path,
-            ..Default::default()
-        },
         volume,
-        env: env.unwrap_or_default(),
+        mount_path,
+        read_only,
+        sub_path,
+        env: env.unwrap_or(Cow::Borrowed(&[])),
         containers,
         init_containers,
         size,
         memory,
-        origin: origin.clone(),
+        origin,
     })
 }
 
-/// The request's value for a field, else the profile's.
-fn or_profile<T>(
-    requested: Option<T>,
-    profile: Option<&VolumeRequest>,
-    f: impl FnOnce(&VolumeRequest) -> Option<T>,
-) -> Option<T> {
-    requested.or_else(|| profile.and_then(f))
+/// The request's value for a field, else the profile's (borrowed from the configuration).
+fn or_profile<'a, B: ?Sized + ToOwned + 'a>(
+    requested: Option<B::Owned>,
+    profile: Option<&'a VolumeRequest>,
+    f: impl FnOnce(&'a VolumeRequest) -> Option<&'a B>,
+) -> Option<Cow<'a, B>> {
+    match requested {
+        Some(v) => Some(Cow::Owned(v)),
+        None => profile.and_then(f).map(Cow::Borrowed),
+    }
 }
 
 fn into_volume(name: &str, source: Source) -> Result<(VolumeKind, InjectedVolume), String> {
@@ -644,10 +673,25 @@ fn check_allowlists(policy: &crate::config::Policy, v: &InjectedVolume) -> Resul
 type Group<'a, 'p> = (
     &'static str,
     &'a [ContainerView<'p>],
-    for<'x> fn(&'x Planned<'_>) -> &'x [usize],
+    for<'x> fn(&'x Planned<'_>) -> &'x Targets,
 );
 
-/// Checks the plan against the pod (conflicts, what is already there) and writes the patch.
+/// Serialises the items of an iterator as a JSON array, without collecting them.
+struct SeqOf<I>(I);
+
+impl<I> serde::Serialize for SeqOf<I>
+where
+    I: Iterator + Clone,
+    I::Item: serde::Serialize,
+{
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.clone())
+    }
+}
+
+/// Checks the plan against the pod (conflicts, what is already there) and writes the patch:
+/// volumes, then mounts, then env, then the record. Should a conflict turn up half-way, the
+/// caller drops the whole outcome.
 fn apply(
     injected_key: (&str, &str),
     pod: &PodView,
@@ -678,39 +722,56 @@ fn apply(
                     return Err(conflict(format!(
                         "volume {:?} ({}): the pod already has a different volume with this name",
                         p.name,
-                        p.origin.describe(&p.name)
+                        p.origin.describe(p.name)
                     )));
                 }
             }
         }
     }
+    let mut path = String::with_capacity(64);
+    path.push_str(base);
+    path.push_str("/spec/volumes");
+    let has_volumes = pod.spec.as_ref().is_some_and(|s| s.volumes.is_some());
+    push_all(
+        &mut out.patch,
+        has_volumes,
+        &mut path,
+        new_volumes.iter().map(|p| &p.volume),
+    )?;
+    for p in &new_volumes {
+        out.injected.push((p.name.to_owned(), p.kind));
+        if p.kind == VolumeKind::EmptyDir && p.memory && p.size.is_none() {
+            out.warnings.push(format!(
+                "volume {}: a Memory emptyDir without a size can use all of the pod's memory; set size",
+                p.name
+            ));
+        }
+    }
 
-    // Mounts, per container; the same checks for app and init containers. Mount and env ops
-    // are written to their own patches so the final order is volumes, mounts, env, record.
+    // Mounts, per container; the same checks for app and init containers. Env ops wait in
+    // their own patch so that they follow every mount.
     let groups: [Group<'_, '_>; 2] = [
         ("containers", pod.containers(), |p| &p.containers),
         ("initContainers", pod.init_containers(), |p| {
             &p.init_containers
         }),
     ];
-    // Sized for a typical op (~150 bytes) and volume (~300 bytes): no regrowth on the common path.
-    let mut mount_ops = Patch::with_capacity(160 * planned.len());
-    let mut env_ops = Patch::with_capacity(128);
-    let mut path = String::with_capacity(64);
-    let mut mine: Vec<&Planned> = Vec::with_capacity(planned.len());
-    let mut new_mounts: Vec<&VolumeMount> = Vec::with_capacity(planned.len());
+    let mut env_ops: Option<Patch> = None;
+    let mut new_mounts: Vec<&Planned> = Vec::with_capacity(planned.len());
     let mut new_env: Vec<EnvValue<'_>> = Vec::new();
     for (field, list, targets_of) in groups {
         for (i, c) in list.iter().enumerate() {
-            mine.clear();
-            mine.extend(planned.iter().filter(|p| targets_of(p).contains(&i)));
-            if mine.is_empty() {
+            let mut mine = planned
+                .iter()
+                .filter(|p| targets_of(p).contains(i))
+                .peekable();
+            if mine.peek().is_none() {
                 continue;
             }
             new_mounts.clear();
             new_env.clear();
-            for p in &mine {
-                let want = normalize(&p.mount.mount_path);
+            for p in mine {
+                let want = normalize(&p.mount_path);
                 let taken = c
                     .volume_mounts
                     .iter()
@@ -719,7 +780,7 @@ fn apply(
                     .chain(
                         new_mounts
                             .iter()
-                            .map(|m| (normalize(&m.mount_path), &*m.name)),
+                            .map(|m| (normalize(&m.mount_path), m.name)),
                     )
                     .find(|(path, _)| *path == want);
                 match taken {
@@ -727,17 +788,17 @@ fn apply(
                     Some((_, other)) => {
                         return Err(conflict(format!(
                             "volume {:?}: container {:?} already mounts volume {other:?} at {}",
-                            p.name, c.name, p.mount.mount_path
+                            p.name, c.name, p.mount_path
                         )));
                     }
                     None => {
-                        new_mounts.push(&p.mount);
+                        new_mounts.push(p);
                         warn_mount(p, c, out);
                     }
                 }
-                for var in &p.env {
+                for var in p.env.iter() {
                     match c.env.iter().flatten().find(|e| *e.name == **var) {
-                        Some(e) if e.value.as_deref() == Some(p.mount.mount_path.as_str()) => {}
+                        Some(e) if e.value.as_deref() == Some(&*p.mount_path) => {}
                         Some(_) => out.warnings.push(format!(
                             "volume {}: container {} already sets {var}; left alone",
                             p.name, c.name
@@ -750,7 +811,7 @@ fn apply(
                         }
                         None => new_env.push(EnvValue {
                             name: var,
-                            value: &p.mount.mount_path,
+                            value: &p.mount_path,
                         }),
                     }
                 }
@@ -762,33 +823,25 @@ fn apply(
             };
             at(&mut path, "volumeMounts");
             push_all(
-                &mut mount_ops,
+                &mut out.patch,
                 c.volume_mounts.is_some(),
                 &mut path,
-                &new_mounts,
+                new_mounts.iter().map(|p| p.mount()),
             )?;
-            at(&mut path, "env");
-            push_all(&mut env_ops, c.env.is_some(), &mut path, &new_env)?;
+            if !new_env.is_empty() {
+                at(&mut path, "env");
+                push_all(
+                    env_ops.get_or_insert_with(|| Patch::with_capacity(256)),
+                    c.env.is_some(),
+                    &mut path,
+                    new_env.iter(),
+                )?;
+            }
         }
     }
-
-    let has_volumes = pod.spec.as_ref().is_some_and(|s| s.volumes.is_some());
-    for p in &new_volumes {
-        out.injected.push((p.name.clone(), p.kind));
-        if p.kind == VolumeKind::EmptyDir && p.memory && p.size.is_none() {
-            out.warnings.push(format!(
-                "volume {}: a Memory emptyDir without a size can use all of the pod's memory; set size",
-                p.name
-            ));
-        }
+    if let Some(env_ops) = &env_ops {
+        out.patch.append(env_ops);
     }
-    let volumes: Vec<&PlannedVolume> = new_volumes.iter().map(|p| &p.volume).collect();
-    path.clear();
-    path.push_str(base);
-    path.push_str("/spec/volumes");
-    push_all(&mut out.patch, has_volumes, &mut path, &volumes)?;
-    out.patch.append(&mount_ops);
-    out.patch.append(&env_ops);
 
     // The record: every volume the webhook manages on this pod, done now or before.
     let mut record = String::with_capacity(planned.iter().map(|p| p.name.len() + 1).sum());
@@ -796,7 +849,7 @@ fn apply(
         if !record.is_empty() {
             record.push(',');
         }
-        record.push_str(&p.name);
+        record.push_str(p.name);
     }
     annotate(
         pod,
@@ -848,22 +901,21 @@ fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
 
 /// Adds `items` to the array at `path`: the whole array when it is missing, else one `/-`
 /// append each. `path` is a scratch buffer holding the array's path.
-fn push_all<T: serde::Serialize>(
-    patch: &mut Patch,
-    exists: bool,
-    path: &mut String,
-    items: &[T],
-) -> Result<(), Denial> {
-    if items.is_empty() {
+fn push_all<I>(patch: &mut Patch, exists: bool, path: &mut String, items: I) -> Result<(), Denial>
+where
+    I: Iterator + Clone,
+    I::Item: serde::Serialize,
+{
+    if items.clone().next().is_none() {
         return Ok(());
     }
     if exists {
         path.push_str("/-");
         for item in items {
-            patch.add(path, item).map_err(unwritable)?;
+            patch.add(path, &item).map_err(unwritable)?;
         }
     } else {
-        patch.add(path, items).map_err(unwritable)?;
+        patch.add(path, &SeqOf(items)).map_err(unwritable)?;
     }
     Ok(())
 }

@@ -119,6 +119,19 @@ pub struct MetadataWith<'a> {
     pub annotations: Entry<'a>,
 }
 
+/// A `core/v1` VolumeMount with the fields the webhook sets; serialises as k8s-openapi's
+/// `VolumeMount` does (same names, same order, absent fields omitted).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountValue<'a> {
+    pub mount_path: &'a str,
+    pub name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<&'a str>,
+}
+
 /// A `core/v1` EnvVar with a literal value; serialises as k8s-openapi's `EnvVar` does.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct EnvValue<'a> {
@@ -183,6 +196,44 @@ mod tests {
         assert_eq!(ours, theirs);
         let back: Volume = serde_json::from_value(ours).unwrap();
         assert_eq!(back.name, "scratch");
+    }
+
+    #[test]
+    fn mounts_and_env_serialise_as_kubernetes_types() {
+        use k8s_openapi::api::core::v1::{EnvVar, VolumeMount};
+        for (read_only, sub_path) in [(None, None), (Some(true), Some("a/b")), (Some(false), None)]
+        {
+            let ours = MountValue {
+                mount_path: "/scratch",
+                name: "scratch",
+                read_only,
+                sub_path,
+            };
+            let theirs = VolumeMount {
+                mount_path: "/scratch".into(),
+                name: "scratch".into(),
+                read_only,
+                sub_path: sub_path.map(str::to_owned),
+                ..Default::default()
+            };
+            assert_eq!(
+                serde_json::to_string(&ours).unwrap(),
+                serde_json::to_string(&theirs).unwrap()
+            );
+        }
+        let env = EnvValue {
+            name: "TMPDIR",
+            value: "/scratch",
+        };
+        let theirs = EnvVar {
+            name: "TMPDIR".into(),
+            value: Some("/scratch".into()),
+            value_from: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&env).unwrap(),
+            serde_json::to_string(&theirs).unwrap()
+        );
     }
 
     #[test]
