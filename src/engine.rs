@@ -817,9 +817,14 @@ fn apply(
                 }
             }
             let at = |path: &mut String, leaf: &str| {
-                use std::fmt::Write as _;
                 path.clear();
-                let _ = write!(path, "{base}/spec/{field}/{i}/{leaf}");
+                path.push_str(base);
+                path.push_str("/spec/");
+                path.push_str(field);
+                path.push('/');
+                push_index(path, i);
+                path.push('/');
+                path.push_str(leaf);
             };
             at(&mut path, "volumeMounts");
             push_all(
@@ -861,6 +866,17 @@ fn apply(
     )
     .map_err(unwritable)?;
     Ok(())
+}
+
+/// Appends a decimal index (a JSON-pointer array token) without the formatting machinery.
+fn push_index(path: &mut String, i: usize) {
+    match u8::try_from(i) {
+        Ok(d @ 0..=9) => path.push(char::from(b'0' + d)),
+        _ => {
+            use std::fmt::Write as _;
+            let _ = write!(path, "{i}");
+        }
+    }
 }
 
 /// Serialising the patch cannot fail for these types; should it, the pod is refused.

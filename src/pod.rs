@@ -162,14 +162,14 @@ impl<'a> PodView<'a> {
     }
 
     /// `name`, or `generateName` followed by `*` for pods the API server has yet to name.
-    pub fn display_name(&self) -> String {
+    pub fn display_name(&self) -> Cow<'a, str> {
         let Some(m) = &self.metadata else {
-            return String::new();
+            return Cow::Borrowed("");
         };
         match (&m.name, &m.generate_name) {
-            (Some(n), _) if !n.is_empty() => n.to_string(),
-            (_, Some(g)) => format!("{g}*"),
-            _ => String::new(),
+            (Some(n), _) if !n.is_empty() => n.0.clone(),
+            (_, Some(g)) => Cow::Owned(format!("{g}*")),
+            _ => Cow::Borrowed(""),
         }
     }
 

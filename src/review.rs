@@ -5,6 +5,8 @@
 //! written by hand because kube-core serialises `patch` as an array of numbers, which the API
 //! server refuses (kube-rs issue 1781): the wire format is a standard-base64 string.
 
+use std::borrow::Cow;
+
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use kube_core::admission::Operation;
 use serde::{Deserialize, Serialize};
@@ -88,20 +90,21 @@ pub enum Verdict {
     Denied(DenyReason),
 }
 
+/// The response and what the decision log and metrics need, borrowing from the request body.
 #[derive(Debug, Clone)]
-pub struct Handled {
+pub struct Handled<'a> {
     pub body: Vec<u8>,
     pub verdict: Verdict,
-    pub uid: String,
-    pub namespace: String,
-    pub pod: String,
+    pub uid: &'a str,
+    pub namespace: Cow<'a, str>,
+    pub pod: Cow<'a, str>,
     pub injected: Vec<(String, VolumeKind)>,
     pub message: Option<String>,
     pub dry_run: bool,
 }
 
 /// Decodes a review, decides, and encodes the response.
-pub fn handle(cfg: &Config, body: &[u8]) -> Result<Handled, ReviewError> {
+pub fn handle<'a>(cfg: &Config, body: &'a [u8]) -> Result<Handled<'a>, ReviewError> {
     // One pass: the object is decoded as a narrow pod view while the envelope is read. Should
     // it not fit that view (it is not a pod), read it again keeping the object raw.
     match serde_json::from_slice::<ReviewIn<'_, PodView<'_>>>(body) {
@@ -140,15 +143,15 @@ fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
         && req.sub_resource.is_none_or(str::is_empty)
 }
 
-fn decide(cfg: &Config, review: ReviewIn<'_, PodView<'_>>) -> Result<Handled, ReviewError> {
-    let req = review.request.ok_or(ReviewError::NoRequest)?;
-    let namespace = req.namespace.as_deref().unwrap_or_default().to_owned();
+fn decide<'a>(cfg: &Config, review: ReviewIn<'a, PodView<'a>>) -> Result<Handled<'a>, ReviewError> {
+    let mut req = review.request.ok_or(ReviewError::NoRequest)?;
+    let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
     let mut handled = Handled {
         body: Vec::new(),
         verdict: Verdict::Unchanged,
-        uid: req.uid.to_owned(),
+        uid: req.uid,
         namespace,
-        pod: String::new(),
+        pod: Cow::Borrowed(""),
         injected: Vec::new(),
         message: None,
         dry_run: req.dry_run.unwrap_or(false),
@@ -287,14 +290,16 @@ mod tests {
         let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/x": "type=emptyDir,mountPath=/x"}},
                          "spec": {"containers": [{"name": "c"}]}});
         let cfg = Config::default();
-        let h = handle(&cfg, &body("Pod", "CREATE", pod.clone())).unwrap();
+        let request = body("Pod", "CREATE", pod.clone());
+        let h = handle(&cfg, &request).unwrap();
         assert_eq!(h.verdict, Verdict::Mutated);
         for (kind, op) in [
             ("Pod", "UPDATE"),
             ("Pod", "DELETE"),
             ("ConfigMap", "CREATE"),
         ] {
-            let h = handle(&cfg, &body(kind, op, pod.clone())).unwrap();
+            let request = body(kind, op, pod.clone());
+            let h = handle(&cfg, &request).unwrap();
             assert_eq!(h.verdict, Verdict::Unchanged, "{kind} {op}");
             let out: Value = serde_json::from_slice(&h.body).unwrap();
             assert_eq!(out["response"]["allowed"], true);
@@ -302,7 +307,8 @@ mod tests {
         }
         // A non-pod object that does not fit the pod view is still passed through.
         let odd = json!({"spec": {"containers": "not a list"}});
-        let h = handle(&cfg, &body("Widget", "CREATE", odd.clone())).unwrap();
+        let request = body("Widget", "CREATE", odd.clone());
+        let h = handle(&cfg, &request).unwrap();
         assert_eq!(h.verdict, Verdict::Unchanged);
         assert!(matches!(
             handle(&cfg, &body("Pod", "CREATE", odd)),
@@ -334,10 +340,12 @@ mod tests {
         )
         .unwrap();
         let pod = |labels: Value| json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c"}]}});
-        let h = handle(&cfg, &body("Pod", "CREATE", pod(json!({"app": "x"})))).unwrap();
+        let request = body("Pod", "CREATE", pod(json!({"app": "x"})));
+        let h = handle(&cfg, &request).unwrap();
         assert_eq!(h.verdict, Verdict::Mutated);
         assert_eq!(h.injected, [("tmp".to_owned(), VolumeKind::EmptyDir)]);
-        let h = handle(&cfg, &body("Pod", "CREATE", pod(json!({"app": 1})))).unwrap();
+        let request = body("Pod", "CREATE", pod(json!({"app": 1})));
+        let h = handle(&cfg, &request).unwrap();
         assert_eq!(h.verdict, Verdict::Denied(DenyReason::Invalid));
         assert!(h.message.unwrap().starts_with("metadata.labels: "));
         // Outside the rule's namespaces the labels are never decoded.
@@ -358,7 +366,8 @@ mod tests {
             .unwrap();
             let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/t": annotation}},
                              "spec": {"containers": [{"name": "c"}]}});
-            let h = handle(&cfg, &body("Pod", "CREATE", pod)).unwrap();
+            let request = body("Pod", "CREATE", pod);
+            let h = handle(&cfg, &request).unwrap();
             let out: Value = serde_json::from_slice(&h.body).unwrap();
             let patch = STANDARD
                 .decode(out["response"]["patch"].as_str().unwrap())
