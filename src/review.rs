@@ -23,6 +23,8 @@ use crate::{
 pub enum ReviewError {
     #[error("the body is not an AdmissionReview: {0}")]
     Malformed(serde_json::Error),
+    #[error("the body is not UTF-8 (JSON must be): {0}")]
+    NotUtf8(std::str::Utf8Error),
     #[error("the AdmissionReview has no request")]
     NoRequest,
     #[error("failed to serialize the response: {0}")]
@@ -105,13 +107,16 @@ pub struct Handled<'a> {
 
 /// Decodes a review, decides, and encodes the response.
 pub fn handle<'a>(cfg: &Config, body: &'a [u8]) -> Result<Handled<'a>, ReviewError> {
+    // JSON is UTF-8 (RFC 8259): the body is checked once, whole, so the parser need not check
+    // every string it reads (or every raw value it keeps) again.
+    let text = std::str::from_utf8(body).map_err(ReviewError::NotUtf8)?;
     // One pass: the object is decoded as a narrow pod view while the envelope is read. Should
     // it not fit that view (it is not a pod), read it again keeping the object raw.
-    match serde_json::from_slice::<ReviewIn<'_, PodView<'_>>>(body) {
+    match serde_json::from_str::<ReviewIn<'_, PodView<'_>>>(text) {
         Ok(review) => decide(cfg, review),
         Err(pod_error) => {
             let review: ReviewIn<'_, &RawValue> =
-                serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+                serde_json::from_str(text).map_err(ReviewError::Malformed)?;
             let req = review.request.as_ref().ok_or(ReviewError::NoRequest)?;
             if is_pod_create(req) {
                 return Err(ReviewError::Malformed(pod_error));
@@ -324,6 +329,20 @@ mod tests {
             handle(&cfg, b"[]"),
             Err(ReviewError::Malformed(_))
         ));
+        // Invalid UTF-8, even inside a field the webhook would not read, is refused by name.
+        let mut bad = body(
+            "Pod",
+            "CREATE",
+            json!({"metadata": {"labels": {"x": "ab"}}}),
+        );
+        let at = bad.windows(2).position(|w| w == b"ab").unwrap();
+        bad[at] = 0xff;
+        let err = handle(&cfg, &bad).unwrap_err();
+        assert!(matches!(err, ReviewError::NotUtf8(_)));
+        assert!(
+            err.to_string().starts_with("the body is not UTF-8"),
+            "{err}"
+        );
         assert!(matches!(
             handle(
                 &cfg,
