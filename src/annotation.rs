@@ -665,20 +665,25 @@ pub fn validate_mount_path(p: &str) -> Result<(), GrammarError> {
     if !p.starts_with('/') {
         return bad(format!("mountPath {p:?} must be an absolute path"));
     }
-    if p.split('/').any(|part| part == "..") {
+    if has_dot_dot(p) {
         return bad(format!("mountPath {p:?} must not contain '..'"));
     }
-    if p.contains('\0') || p.contains(':') {
+    if p.bytes().any(|b| b == 0 || b == b':') {
         return bad(format!("mountPath {p:?} must not contain ':' or NUL"));
     }
     Ok(())
+}
+
+/// Whether a `..` path element occurs (a plain byte scan first: most paths have no `..`).
+fn has_dot_dot(p: &str) -> bool {
+    p.as_bytes().windows(2).any(|w| w == b"..") && split_ascii(p, b'/').any(|part| part == "..")
 }
 
 fn validate_sub_path(p: &str) -> Result<(), GrammarError> {
     if p.starts_with('/') {
         return bad(format!("subPath {p:?} must be a relative path"));
     }
-    if p.split('/').any(|part| part == "..") {
+    if has_dot_dot(p) {
         return bad(format!("subPath {p:?} must not contain '..'"));
     }
     Ok(())
@@ -704,8 +709,7 @@ pub fn validate_dns_label(what: &str, s: &str) -> Result<(), GrammarError> {
 fn validate_dns_subdomain(what: &str, s: &str) -> Result<(), GrammarError> {
     let ok = !s.is_empty()
         && s.len() <= 253
-        && s.split('.')
-            .all(|part| validate_dns_label(what, part).is_ok());
+        && split_ascii(s, b'.').all(|part| validate_dns_label(what, part).is_ok());
     if ok {
         Ok(())
     } else {
@@ -761,6 +765,16 @@ mod tests {
             );
             assert_eq!(trim(s), s.trim(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn dot_dot_is_refused_only_as_a_whole_path_element() {
+        assert!(validate_mount_path("/data/a..b/..c").is_ok());
+        assert!(validate_mount_path("/data/..").is_err());
+        assert!(validate_mount_path("/../x").is_err());
+        assert!(validate_sub_path("x/../y").is_err());
+        assert!(validate_sub_path("..").is_err());
+        assert!(validate_sub_path("a..").is_ok());
     }
 
     #[test]
