@@ -1005,3 +1005,31 @@ fn is_zero(v: &Value) -> bool {
         Value::Number(n) => n.as_f64() == Some(0.0),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compiled_profile_serialises_exactly_as_the_volume_built_from_it() {
+        let cfg = Config::parse(
+            "profiles:\n  e: {mountPath: /s, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], storageClassName: gp3, resources: {requests: {storage: 1Gi}}}}}}\n  m: {mountPath: /m, emptyDir: {medium: Memory, sizeLimit: 1Gi}}\n  c: {mountPath: /c, csi: {driver: secrets-store.csi.k8s.io, readOnly: true, volumeAttributes: {secretProviderClass: db}}}\n",
+        )
+        .unwrap();
+        for (name, profile) in &cfg.profiles {
+            let compiled = &cfg.profile_sources[name];
+            let (kind, built) = into_volume("vol", profile.source.clone()).unwrap();
+            assert_eq!(kind, compiled.kind, "{name}");
+            assert_eq!(
+                serde_json::to_string(&PlannedVolume::Profile {
+                    name: "vol",
+                    kind: compiled.kind,
+                    source: &compiled.json,
+                })
+                .unwrap(),
+                serde_json::to_string(&PlannedVolume::Built(built)).unwrap(),
+                "{name}"
+            );
+        }
+    }
+}
