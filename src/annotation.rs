@@ -315,8 +315,38 @@ struct Raw<'a> {
     containers: Option<Vec<String>>,
     init_containers: Option<InitTargets>,
     env: Option<Vec<String>>,
-    /// Shorthand fields in the order written, to name them in errors.
-    shorthands: Vec<&'a str>,
+    /// Per source (see [`Fit`]), the first shorthand written that does not apply to it.
+    misfits: [Option<&'a str>; 5],
+}
+
+/// The sources whose shorthands are checked, and the shorthands each accepts.
+#[derive(Clone, Copy)]
+enum Fit {
+    Profile,
+    EmptyDir,
+    Csi,
+    Ephemeral,
+    Json,
+}
+
+impl Fit {
+    const ALL: [Fit; 5] = [
+        Fit::Profile,
+        Fit::EmptyDir,
+        Fit::Csi,
+        Fit::Ephemeral,
+        Fit::Json,
+    ];
+
+    fn accepts(self, shorthand: &str) -> bool {
+        match self {
+            Fit::Profile => shorthand == "size",
+            Fit::EmptyDir => matches!(shorthand, "size" | "medium"),
+            Fit::Csi => matches!(shorthand, "driver" | "fsType") || shorthand.starts_with("attr."),
+            Fit::Ephemeral => matches!(shorthand, "size" | "storageClass" | "accessMode"),
+            Fit::Json => false,
+        }
+    }
 }
 
 const FIELDS: &str = "profile, type, emptyDir, csi, ephemeral, size, medium, storageClass, \
@@ -332,6 +362,16 @@ fn put<T>(slot: &mut Option<T>, field: &str, value: T) -> Result<(), GrammarErro
 }
 
 impl<'a> Raw<'a> {
+    /// Remembers, in written order, the first shorthand each source would refuse.
+    fn note_shorthand(&mut self, key: &'a str) {
+        for fit in Fit::ALL {
+            let slot = &mut self.misfits[fit as usize];
+            if slot.is_none() && !fit.accepts(key) {
+                *slot = Some(key);
+            }
+        }
+    }
+
     fn set(&mut self, key: &'a str, val: Val<'a>) -> Result<(), GrammarError> {
         if let Some(attr) = key.strip_prefix("attr.") {
             if attr.is_empty() {
@@ -341,7 +381,7 @@ impl<'a> Raw<'a> {
             if self.attrs.insert(attr, v).is_some() {
                 return bad(format!("{key} is given twice"));
             }
-            self.shorthands.push(key);
+            self.note_shorthand(key);
             return Ok(());
         }
         let shorthand = matches!(
@@ -388,7 +428,7 @@ impl<'a> Raw<'a> {
             _ => bad(format!("unknown field {key:?}; the fields are {FIELDS}")),
         }?;
         if shorthand {
-            self.shorthands.push(key);
+            self.note_shorthand(key);
         }
         Ok(())
     }
@@ -416,10 +456,8 @@ impl<'a> Raw<'a> {
                 ));
             }
         }
-        let only = |allowed: &[&str], context: &dyn Fn() -> String| -> Result<(), GrammarError> {
-            match self.shorthands.iter().find(|s| {
-                !(allowed.contains(s) || (allowed.contains(&"attr.") && s.starts_with("attr.")))
-            }) {
+        let only = |fit: Fit, context: &dyn Fn() -> String| -> Result<(), GrammarError> {
+            match self.misfits[fit as usize] {
                 Some(s) => bad(format!("{s} does not apply to {}", context())),
                 None => Ok(()),
             }
@@ -427,7 +465,7 @@ impl<'a> Raw<'a> {
 
         let mut size_override = None;
         let source = if let Some(profile) = self.profile {
-            only(&["size"], &|| {
+            only(Fit::Profile, &|| {
                 format!("profile={profile}: a profile fixes the volume source")
             })?;
             if let Some(s) = self.size {
@@ -438,7 +476,7 @@ impl<'a> Raw<'a> {
         } else if let Some(kind) = self.kind {
             self.shorthand_source(kind, &only)?
         } else {
-            only(&[], &|| {
+            only(Fit::Json, &|| {
                 "a volume given as a JSON object; put it inside the object".to_owned()
             })?;
             if let Some(v) = self.empty_dir {
@@ -489,14 +527,14 @@ impl<'a> Raw<'a> {
     ) -> Result<Source, GrammarError> {
         Ok(match kind {
             VolumeKind::EmptyDir => {
-                only(&["size", "medium"], &|| "type=emptyDir".to_owned())?;
+                only(Fit::EmptyDir, &|| "type=emptyDir".to_owned())?;
                 Source::EmptyDir(EmptyDirVolumeSource {
                     medium: self.medium.map(str::to_owned),
                     size_limit: self.size.map(|s| K8sQuantity(s.to_owned())),
                 })
             }
             VolumeKind::Csi => {
-                only(&["driver", "fsType", "attr."], &|| "type=csi".to_owned())?;
+                only(Fit::Csi, &|| "type=csi".to_owned())?;
                 let Some(driver) = self.driver.map(str::to_owned) else {
                     return bad("type=csi needs driver=<CSI driver name>");
                 };
@@ -516,9 +554,7 @@ impl<'a> Raw<'a> {
                 })
             }
             VolumeKind::Ephemeral => {
-                only(&["size", "storageClass", "accessMode"], &|| {
-                    "type=ephemeral".to_owned()
-                })?;
+                only(Fit::Ephemeral, &|| "type=ephemeral".to_owned())?;
                 let Some(size) = self.size.map(str::to_owned) else {
                     return bad("type=ephemeral needs size=<quantity>, e.g. size=100Gi");
                 };
@@ -545,7 +581,7 @@ impl<'a> Raw<'a> {
     }
 }
 
-type OnlyCheck<'a> = dyn Fn(&[&str], &dyn Fn() -> String) -> Result<(), GrammarError> + 'a;
+type OnlyCheck<'a> = dyn Fn(Fit, &dyn Fn() -> String) -> Result<(), GrammarError> + 'a;
 
 // === validation shared by annotations, profiles and rules ===
 
@@ -765,6 +801,26 @@ mod tests {
             );
             assert_eq!(trim(s), s.trim(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn the_first_misplaced_shorthand_written_is_named() {
+        let err = |v: &str| v.parse::<VolumeRequest>().unwrap_err().0;
+        assert!(
+            err("type=emptyDir,driver=d,storageClass=x,mountPath=/x")
+                .starts_with("driver does not apply")
+        );
+        assert!(
+            err("storageClass=x,driver=d,type=emptyDir,mountPath=/x")
+                .starts_with("storageClass does not apply")
+        );
+        assert!(
+            err("type=csi,driver=d,attr.a=1,size=1Gi,mountPath=/x")
+                .starts_with("size does not apply")
+        );
+        assert!(
+            err("profile=p,attr.k=v,size=1Gi").starts_with("attr.k does not apply to profile=p")
+        );
     }
 
     #[test]

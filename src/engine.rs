@@ -707,13 +707,8 @@ fn apply(
 
     // Volumes: identical ones count as done, different ones are conflicts.
     let mut new_volumes: Vec<&Planned> = Vec::with_capacity(planned.len());
-    let existing_volumes = pod.volumes_by_name();
     for p in planned {
-        let found = existing_volumes
-            .iter()
-            .find(|(n, _)| **n == *p.name)
-            .map(|(_, raw)| *raw);
-        match found {
+        match pod.volume_named(p.name) {
             None => new_volumes.push(p),
             Some(raw) => {
                 let existing: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);

@@ -187,26 +187,30 @@ impl<'a> PodView<'a> {
             .unwrap_or_default()
     }
 
-    /// Every existing volume with its name, parsed once per decision.
-    pub fn volumes_by_name(&self) -> Vec<(Str<'a>, &'a RawValue)> {
+    /// The existing volume of this name, if any, kept raw.
+    pub fn volume_named(&self, name: &str) -> Option<&'a RawValue> {
+        self.raw_volumes()
+            .find(|raw| volume_name(raw).is_some_and(|n| *n == *name))
+    }
+
+    fn raw_volumes(&self) -> impl Iterator<Item = &'a RawValue> + '_ {
         self.spec
             .as_ref()
-            .and_then(|s| s.volumes.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|raw| {
-                let raw: &'a RawValue = raw;
-                name_first(raw.get())
-                    .map(|n| Str(Cow::Borrowed(n)))
-                    .or_else(|| {
-                        serde_json::from_str::<VolumeName<'a>>(raw.get())
-                            .ok()
-                            .map(|v| v.name)
-                    })
-                    .map(|name| (name, raw))
-            })
-            .collect()
+            .and_then(|s| s.volumes.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .copied()
     }
+}
+
+fn volume_name<'a>(raw: &'a RawValue) -> Option<Str<'a>> {
+    name_first(raw.get())
+        .map(|n| Str(Cow::Borrowed(n)))
+        .or_else(|| {
+            serde_json::from_str::<VolumeName<'a>>(raw.get())
+                .ok()
+                .map(|v| v.name)
+        })
 }
 
 /// The API server writes `name` first in every volume (Go's field order); read it without
@@ -232,12 +236,13 @@ mod tests {
             {"emptyDir":{}}
         ]}}"#;
         let pod: PodView<'_> = serde_json::from_str(body).unwrap();
-        let names: Vec<String> = pod
-            .volumes_by_name()
-            .iter()
-            .map(|(n, _)| n.to_string())
-            .collect();
-        assert_eq!(names, ["fast", "slow", "escaped"]);
+        for name in ["fast", "slow", "escaped"] {
+            assert!(pod.volume_named(name).is_some(), "{name}");
+        }
+        assert!(pod.volume_named("slow").unwrap().get().contains("\"slow\""));
+        assert!(pod.volume_named("escaped").is_some());
+        assert!(pod.volume_named("missing").is_none());
+        assert!(PodView::default().volume_named("fast").is_none());
     }
 
     #[test]
