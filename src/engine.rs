@@ -108,10 +108,15 @@ enum Resolved<'c> {
     Source(Source),
 }
 
-/// The volume to add: built for this pod, or a profile's as loaded.
+/// The volume to add: built for this pod, or a profile's as loaded. Either way it is written
+/// as `{"name": …, "<kind>": source}`, the name borrowed.
 #[derive(Debug)]
 enum PlannedVolume<'a> {
-    Built(InjectedVolume),
+    /// `volume.name` is left empty: `name` is written instead.
+    Built {
+        name: &'a str,
+        volume: InjectedVolume,
+    },
     Profile {
         name: &'a str,
         kind: VolumeKind,
@@ -123,7 +128,20 @@ impl serde::Serialize for PlannedVolume<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         match self {
-            PlannedVolume::Built(v) => v.serialize(s),
+            PlannedVolume::Built { name, volume } => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("name", name)?;
+                if let Some(e) = &volume.empty_dir {
+                    m.serialize_entry("emptyDir", e)?;
+                }
+                if let Some(c) = &volume.csi {
+                    m.serialize_entry("csi", c)?;
+                }
+                if let Some(e) = &volume.ephemeral {
+                    m.serialize_entry("ephemeral", e)?;
+                }
+                m.end()
+            }
             // Field order as InjectedVolume (and k8s-openapi's Volume) writes it.
             PlannedVolume::Profile { name, kind, source } => {
                 let mut m = s.serialize_map(Some(2))?;
@@ -437,7 +455,7 @@ fn resolve<'a>(
             c.memory,
         ),
         Resolved::Source(source) => {
-            let (kind, mut volume) = into_volume(name, source).map_err(invalid)?;
+            let (kind, mut volume) = into_volume("", source).map_err(invalid)?;
             // A profile's size may be overridden, within policy.
             if let Some(size) = &size_override {
                 set_size(&mut volume, size).map_err(invalid)?;
@@ -481,7 +499,7 @@ fn resolve<'a>(
                 e.size_limit = Some(K8sQuantity(policy.default_size_limit_text.clone()));
                 size = Some(policy.default_size_limit);
             }
-            (kind, PlannedVolume::Built(volume), size, memory)
+            (kind, PlannedVolume::Built { name, volume }, size, memory)
         }
     };
 
@@ -1014,6 +1032,7 @@ mod tests {
         for (name, profile) in &cfg.profiles {
             let compiled = &cfg.profile_sources[name];
             let (kind, built) = into_volume("vol", profile.source.clone()).unwrap();
+            let as_built = serde_json::to_string(&built).unwrap();
             assert_eq!(kind, compiled.kind, "{name}");
             assert_eq!(
                 serde_json::to_string(&PlannedVolume::Profile {
@@ -1022,7 +1041,17 @@ mod tests {
                     source: &compiled.json,
                 })
                 .unwrap(),
-                serde_json::to_string(&PlannedVolume::Built(built)).unwrap(),
+                as_built,
+                "{name}"
+            );
+            let (_, unnamed) = into_volume("", profile.source.clone()).unwrap();
+            assert_eq!(
+                serde_json::to_string(&PlannedVolume::Built {
+                    name: "vol",
+                    volume: unnamed,
+                })
+                .unwrap(),
+                as_built,
                 "{name}"
             );
         }
