@@ -9,7 +9,7 @@ use serde_json::{Value, value::RawValue};
 use crate::{
     annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
     config::{CompiledSource, Config, OnError},
-    patch::{Entry, EnvValue, InjectedVolume, MetadataWith, MountValue, Patch},
+    patch::{Entry, EnvValue, MetadataWith, MountValue, Patch},
     pod::{ContainerView, PodView},
     quantity::Quantity,
 };
@@ -108,14 +108,14 @@ enum Resolved<'c> {
     Source(Source),
 }
 
-/// The volume to add: built for this pod, or a profile's as loaded. Either way it is written
-/// as `{"name": …, "<kind>": source}`, the name borrowed.
+/// The volume to add: built for this pod (its source is never a profile), or a profile's as
+/// loaded. Either way it is written as k8s-openapi writes a `Volume`: `{"<kind>": source,
+/// "name": …}`.
 #[derive(Debug)]
 enum PlannedVolume<'a> {
-    /// `volume.name` is left empty: `name` is written instead.
     Built {
         name: &'a str,
-        volume: InjectedVolume,
+        source: Source,
     },
     Profile {
         name: &'a str,
@@ -125,31 +125,32 @@ enum PlannedVolume<'a> {
 }
 
 impl serde::Serialize for PlannedVolume<'_> {
+    /// Keys in k8s-openapi's order (alphabetical: the source, then `name`), so the bytes are
+    /// the ones a `Volume` would give.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        match self {
-            PlannedVolume::Built { name, volume } => {
-                let mut m = s.serialize_map(Some(2))?;
-                m.serialize_entry("name", name)?;
-                if let Some(e) = &volume.empty_dir {
-                    m.serialize_entry("emptyDir", e)?;
+        let mut m = s.serialize_map(Some(2))?;
+        let name = match self {
+            PlannedVolume::Built { name, source } => {
+                match source {
+                    Source::EmptyDir(e) => m.serialize_entry("emptyDir", e)?,
+                    Source::Csi(c) => m.serialize_entry("csi", c)?,
+                    Source::Ephemeral(e) => m.serialize_entry("ephemeral", e)?,
+                    Source::Profile(_) => {
+                        return Err(serde::ser::Error::custom(
+                            "a profile is not a volume source",
+                        ));
+                    }
                 }
-                if let Some(c) = &volume.csi {
-                    m.serialize_entry("csi", c)?;
-                }
-                if let Some(e) = &volume.ephemeral {
-                    m.serialize_entry("ephemeral", e)?;
-                }
-                m.end()
+                name
             }
-            // Field order as InjectedVolume (and k8s-openapi's Volume) writes it.
             PlannedVolume::Profile { name, kind, source } => {
-                let mut m = s.serialize_map(Some(2))?;
-                m.serialize_entry("name", name)?;
                 m.serialize_entry(kind.as_str(), source)?;
-                m.end()
+                name
             }
-        }
+        };
+        m.serialize_entry("name", name)?;
+        m.end()
     }
 }
 
@@ -455,12 +456,13 @@ fn resolve<'a>(
             c.memory,
         ),
         Resolved::Source(source) => {
-            let (kind, mut volume) = into_volume("", source).map_err(invalid)?;
+            let mut source = source;
+            let kind = kind_of(&source).map_err(invalid)?;
             // A profile's size may be overridden, within policy.
             if let Some(size) = &size_override {
-                set_size(&mut volume, size).map_err(invalid)?;
+                set_size(&mut source, size).map_err(invalid)?;
             }
-            let (size, memory) = size_of(&volume).map_err(invalid)?;
+            let (size, memory) = size_of(&source).map_err(invalid)?;
 
             if checked && (!from_profile || size_override.is_some()) {
                 if !from_profile && !policy.types.contains(&kind) {
@@ -475,7 +477,7 @@ fn resolve<'a>(
                     )));
                 }
                 if !from_profile {
-                    check_allowlists(policy, &volume).map_err(forbidden)?;
+                    check_allowlists(policy, &source).map_err(forbidden)?;
                 }
                 let max = match kind {
                     VolumeKind::EmptyDir if memory => policy.max_memory.map(|m| (m, "memory")),
@@ -493,13 +495,13 @@ fn resolve<'a>(
             }
             let mut size = size;
             if policy.require_size_limit
-                && let Some(e) = volume.empty_dir.as_mut()
+                && let Source::EmptyDir(e) = &mut source
                 && e.size_limit.is_none()
             {
                 e.size_limit = Some(K8sQuantity(policy.default_size_limit_text.clone()));
                 size = Some(policy.default_size_limit);
             }
-            (kind, PlannedVolume::Built { name, volume }, size, memory)
+            (kind, PlannedVolume::Built { name, source }, size, memory)
         }
     };
 
@@ -560,62 +562,47 @@ fn or_profile<'a, B: ?Sized + ToOwned + 'a>(
     }
 }
 
-fn into_volume(name: &str, source: Source) -> Result<(VolumeKind, InjectedVolume), String> {
-    let mut v = InjectedVolume {
-        name: name.to_owned(),
-        empty_dir: None,
-        csi: None,
-        ephemeral: None,
-    };
-    let kind = match source {
-        Source::EmptyDir(e) => {
-            v.empty_dir = Some(e);
-            VolumeKind::EmptyDir
-        }
-        Source::Csi(c) => {
-            v.csi = Some(c);
-            VolumeKind::Csi
-        }
-        Source::Ephemeral(e) => {
-            v.ephemeral = Some(e);
-            VolumeKind::Ephemeral
-        }
-        // The configuration refuses a profile that names a profile; should one get here
-        // anyway, refuse the pod rather than guess a volume.
-        Source::Profile(p) => return Err(format!("profile {p:?} names another profile")),
-    };
-    Ok((kind, v))
+/// The kind of a source to build; a profile is not one.
+fn kind_of(source: &Source) -> Result<VolumeKind, String> {
+    // The configuration refuses a profile that names a profile; should one get here anyway,
+    // refuse the pod rather than guess a volume.
+    match source {
+        Source::EmptyDir(_) => Ok(VolumeKind::EmptyDir),
+        Source::Csi(_) => Ok(VolumeKind::Csi),
+        Source::Ephemeral(_) => Ok(VolumeKind::Ephemeral),
+        Source::Profile(p) => Err(format!("profile {p:?} names another profile")),
+    }
 }
 
-fn set_size(v: &mut InjectedVolume, size: &str) -> Result<(), String> {
-    if let Some(e) = v.empty_dir.as_mut() {
-        e.size_limit = Some(K8sQuantity(size.to_owned()));
-    } else if let Some(t) = v
-        .ephemeral
-        .as_mut()
-        .and_then(|e| e.volume_claim_template.as_mut())
-    {
-        t.spec
-            .resources
-            .get_or_insert_with(Default::default)
-            .requests
-            .get_or_insert_with(Default::default)
-            .insert("storage".into(), K8sQuantity(size.to_owned()));
-    } else {
-        return Err("size does not apply to a CSI inline volume".into());
+fn set_size(source: &mut Source, size: &str) -> Result<(), String> {
+    match source {
+        Source::EmptyDir(e) => e.size_limit = Some(K8sQuantity(size.to_owned())),
+        Source::Ephemeral(e) => {
+            let Some(t) = e.volume_claim_template.as_mut() else {
+                return Err("ephemeral.volumeClaimTemplate is required".into());
+            };
+            t.spec
+                .resources
+                .get_or_insert_with(Default::default)
+                .requests
+                .get_or_insert_with(Default::default)
+                .insert("storage".into(), K8sQuantity(size.to_owned()));
+        }
+        Source::Csi(_) => return Err("size does not apply to a CSI inline volume".into()),
+        Source::Profile(p) => return Err(format!("profile {p:?} names another profile")),
     }
     Ok(())
 }
 
 /// A profile's source as the patch will carry it, with its size: computed once per load.
 pub(crate) fn compile_source(source: &Source) -> Result<CompiledSource, String> {
-    let (kind, volume) = into_volume("", source.clone())?;
-    let (size, memory) = size_of(&volume)?;
-    let json = match (&volume.empty_dir, &volume.csi, &volume.ephemeral) {
-        (Some(e), _, _) => serde_json::to_string(e),
-        (_, Some(c), _) => serde_json::to_string(c),
-        (_, _, Some(e)) => serde_json::to_string(e),
-        _ => return Err("no volume source".into()),
+    let kind = kind_of(source)?;
+    let (size, memory) = size_of(source)?;
+    let json = match source {
+        Source::EmptyDir(e) => serde_json::to_string(e),
+        Source::Csi(c) => serde_json::to_string(c),
+        Source::Ephemeral(e) => serde_json::to_string(e),
+        Source::Profile(_) => return Err("a profile is not a volume source".into()),
     }
     .map_err(|e| e.to_string())?;
     Ok(CompiledSource {
@@ -627,16 +614,14 @@ pub(crate) fn compile_source(source: &Source) -> Result<CompiledSource, String> 
 }
 
 /// The requested size (emptyDir sizeLimit or PVC storage request) and whether it is RAM.
-fn size_of(v: &InjectedVolume) -> Result<(Option<Quantity>, bool), String> {
+fn size_of(source: &Source) -> Result<(Option<Quantity>, bool), String> {
     let parse = |q: &K8sQuantity| q.0.parse::<Quantity>().map_err(|e| format!("size: {e}"));
-    if let Some(e) = &v.empty_dir {
+    if let Source::EmptyDir(e) = source {
         let size = e.size_limit.as_ref().map(parse).transpose()?;
         return Ok((size, e.medium.as_deref() == Some("Memory")));
     }
-    if let Some(t) = v
-        .ephemeral
-        .as_ref()
-        .and_then(|e| e.volume_claim_template.as_ref())
+    if let Source::Ephemeral(e) = source
+        && let Some(t) = &e.volume_claim_template
     {
         let size = t
             .spec
@@ -651,8 +636,8 @@ fn size_of(v: &InjectedVolume) -> Result<(Option<Quantity>, bool), String> {
     Ok((None, false))
 }
 
-fn check_allowlists(policy: &crate::config::Policy, v: &InjectedVolume) -> Result<(), String> {
-    if let (Some(allowed), Some(csi)) = (&policy.csi_drivers, &v.csi)
+fn check_allowlists(policy: &crate::config::Policy, source: &Source) -> Result<(), String> {
+    if let (Some(allowed), Source::Csi(csi)) = (&policy.csi_drivers, source)
         && !allowed.contains(&csi.driver)
     {
         return Err(format!(
@@ -661,12 +646,9 @@ fn check_allowlists(policy: &crate::config::Policy, v: &InjectedVolume) -> Resul
             allowed.join(", ")
         ));
     }
-    if let (Some(allowed), Some(t)) = (
-        &policy.storage_classes,
-        v.ephemeral
-            .as_ref()
-            .and_then(|e| e.volume_claim_template.as_ref()),
-    ) {
+    if let (Some(allowed), Source::Ephemeral(e)) = (&policy.storage_classes, source)
+        && let Some(t) = &e.volume_claim_template
+    {
         match &t.spec.storage_class_name {
             Some(sc) if allowed.contains(sc) => {}
             Some(sc) => {
@@ -1024,36 +1006,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_compiled_profile_serialises_exactly_as_the_volume_built_from_it() {
+    fn planned_volumes_serialise_exactly_as_kubernetes_volumes() {
+        use k8s_openapi::api::core::v1::Volume;
         let cfg = Config::parse(
             "profiles:\n  e: {mountPath: /s, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], storageClassName: gp3, resources: {requests: {storage: 1Gi}}}}}}\n  m: {mountPath: /m, emptyDir: {medium: Memory, sizeLimit: 1Gi}}\n  c: {mountPath: /c, csi: {driver: secrets-store.csi.k8s.io, readOnly: true, volumeAttributes: {secretProviderClass: db}}}\n",
         )
         .unwrap();
         for (name, profile) in &cfg.profiles {
+            let mut theirs = Volume {
+                name: "vol".into(),
+                ..Volume::default()
+            };
+            match profile.source.clone() {
+                Source::EmptyDir(e) => theirs.empty_dir = Some(e),
+                Source::Csi(c) => theirs.csi = Some(c),
+                Source::Ephemeral(e) => theirs.ephemeral = Some(*e),
+                Source::Profile(_) => unreachable!("profiles name sources"),
+            }
+            let theirs = serde_json::to_string(&theirs).unwrap();
             let compiled = &cfg.profile_sources[name];
-            let (kind, built) = into_volume("vol", profile.source.clone()).unwrap();
-            let as_built = serde_json::to_string(&built).unwrap();
-            assert_eq!(kind, compiled.kind, "{name}");
-            assert_eq!(
-                serde_json::to_string(&PlannedVolume::Profile {
+            assert_eq!(kind_of(&profile.source), Ok(compiled.kind), "{name}");
+            let planned = [
+                PlannedVolume::Profile {
                     name: "vol",
                     kind: compiled.kind,
                     source: &compiled.json,
-                })
-                .unwrap(),
-                as_built,
-                "{name}"
-            );
-            let (_, unnamed) = into_volume("", profile.source.clone()).unwrap();
-            assert_eq!(
-                serde_json::to_string(&PlannedVolume::Built {
+                },
+                PlannedVolume::Built {
                     name: "vol",
-                    volume: unnamed,
-                })
-                .unwrap(),
-                as_built,
-                "{name}"
-            );
+                    source: profile.source.clone(),
+                },
+            ];
+            for p in planned {
+                assert_eq!(serde_json::to_string(&p).unwrap(), theirs, "{name}: {p:?}");
+            }
         }
+        let profile = PlannedVolume::Built {
+            name: "vol",
+            source: Source::Profile("p".into()),
+        };
+        assert!(serde_json::to_string(&profile).is_err());
     }
 }

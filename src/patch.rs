@@ -1,8 +1,5 @@
 //! JSON Patch (RFC 6902): the operations the webhook writes, and the values it writes in them.
 
-use k8s_openapi::api::core::v1::{
-    CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource, Volume,
-};
 use serde::Serialize;
 
 /// A JSON Patch, written as JSON while the engine builds it: the ops' values are serialised
@@ -20,10 +17,7 @@ pub struct Patch {
 
 impl Default for Patch {
     fn default() -> Self {
-        Patch {
-            json: b"[]".to_vec(),
-            ops: 0,
-        }
+        Patch::with_capacity(2)
     }
 }
 
@@ -72,11 +66,16 @@ impl Patch {
     }
 
     fn open_op(&mut self) {
-        self.json.pop(); // the closing `]`
+        self.reopen();
+        self.json.extend_from_slice(b"{\"op\":\"add\",\"path\":");
+    }
+
+    /// Drops the closing `]` and, after an operation, adds the `,` before the next one.
+    fn reopen(&mut self) {
+        self.json.pop();
         if self.ops > 0 {
             self.json.push(b',');
         }
-        self.json.extend_from_slice(b"{\"op\":\"add\",\"path\":");
     }
 
     /// Appends every operation of `other`, in order.
@@ -84,10 +83,7 @@ impl Patch {
         if other.is_empty() {
             return;
         }
-        self.json.pop();
-        if self.ops > 0 {
-            self.json.push(b',');
-        }
+        self.reopen();
         self.json.extend_from_slice(&other.json[1..]);
         self.ops += other.ops;
     }
@@ -139,32 +135,6 @@ pub struct EnvValue<'a> {
     pub value: &'a str,
 }
 
-/// A `core/v1` Volume with one of the three sources this webhook injects. It serialises exactly
-/// as k8s-openapi's `Volume` does, without carrying that type's 3 KB of other sources around.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InjectedVolume {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub empty_dir: Option<EmptyDirVolumeSource>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub csi: Option<CSIVolumeSource>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ephemeral: Option<Box<EphemeralVolumeSource>>,
-}
-
-impl From<InjectedVolume> for Volume {
-    fn from(v: InjectedVolume) -> Volume {
-        Volume {
-            name: v.name,
-            empty_dir: v.empty_dir,
-            csi: v.csi,
-            ephemeral: v.ephemeral.map(|e| *e),
-            ..Volume::default()
-        }
-    }
-}
-
 /// RFC 6901: `~` becomes `~0`, `/` becomes `~1`.
 pub fn escape(token: &str) -> std::borrow::Cow<'_, str> {
     if token.contains(['~', '/']) {
@@ -177,26 +147,6 @@ pub fn escape(token: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn injected_volumes_serialise_as_kubernetes_volumes() {
-        let v = InjectedVolume {
-            name: "scratch".into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: Some("Memory".into()),
-                size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                    "1Gi".into(),
-                )),
-            }),
-            csi: None,
-            ephemeral: None,
-        };
-        let ours = serde_json::to_value(&v).unwrap();
-        let theirs = serde_json::to_value(Volume::from(v)).unwrap();
-        assert_eq!(ours, theirs);
-        let back: Volume = serde_json::from_value(ours).unwrap();
-        assert_eq!(back.name, "scratch");
-    }
 
     #[test]
     fn mounts_and_env_serialise_as_kubernetes_types() {
