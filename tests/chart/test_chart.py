@@ -267,7 +267,29 @@ def test_tls_modes():
     assert p.returncode != 0 and "tls.caBundle" in p.stderr
 
 
+def test_webhook_url_points_the_api_server_outside_the_cluster():
+    docs = render("--set", "webhook.url=https://127.0.0.1:9443/mutate")
+    client = webhook(docs)["clientConfig"]
+    assert client["url"] == "https://127.0.0.1:9443/mutate"
+    assert "service" not in client
+    # tls.mode=helm: the URL's host is in the generated certificate, IP or name.
+    secret = by_kind(docs, "Secret")[0]
+    for url, san in [("https://127.0.0.1:9443/mutate", "IP Address:127.0.0.1"),
+                     ("https://evi.dev.example.com/mutate", "DNS:evi.dev.example.com")]:
+        docs = render("--set", f"webhook.url={url}")
+        secret = by_kind(docs, "Secret")[0]
+        cert = base64.b64decode(secret["data"]["tls.crt"])
+        p = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=cert, capture_output=True)
+        sans = p.stdout.decode()
+        assert san in sans, sans
+        assert "DNS:evi-ephemeral-volume-injector.evi-system.svc" in sans
+    assert "url" not in webhook(render())["clientConfig"]
+
+
 @pytest.mark.parametrize("bad", [
+    ["--set", "webhook.url=http://127.0.0.1:9443/mutate"],
+    ["--set", "webhook.url=https://127.0.0.1:9443/mutate?x=1"],
+    ["--set", "webhook.url=https://user@127.0.0.1/mutate"],
     ["--set", "replicaCount=0"],
     ["--set", "tls.mode=vault"],
     ["--set", "webhook.failurePolicy=Sometimes"],

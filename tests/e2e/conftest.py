@@ -1,0 +1,244 @@
+"""Fixtures for the end-to-end tests: one real control plane for the session, the real chart
+installed with helm, and the real webhook binary running beside it (the chart points the API
+server at it with `webhook.url`, since no kube-proxy routes a Service here).
+
+Run from the repository root: python3 -m pytest -q tests/e2e
+Needs the control-plane binaries (tests/controlplane/build.sh), helm and kubectl
+($EVI_TOOLS_DIR/bin, from .ci/install-tools.sh) and `cargo build` (target/debug).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from controlplane import ROOT, TOOLS_DIR, ControlPlane, free_port, start_process, stop_process  # noqa: E402
+
+CHART = ROOT / "charts" / "ephemeral-volume-injector"
+BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
+KUBECTL = shutil.which("kubectl") or str(TOOLS_DIR / "bin/kubectl")
+HELM = shutil.which("helm") or str(TOOLS_DIR / "bin/helm")
+RELEASE_NS = "evi-system"
+
+
+def wait_for(what: str, fn, timeout: float = 30, interval: float = 0.2):
+    """Polls fn until it returns a truthy value; fails naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - retried until the deadline
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+class Cluster:
+    """kubectl and helm against the control plane."""
+
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self.env = dict(os.environ, KUBECONFIG=str(cp.kubeconfig), HELM_CACHE_HOME=str(cp.dir / "helm-cache"),
+                        HELM_CONFIG_HOME=str(cp.dir / "helm-config"), HELM_DATA_HOME=str(cp.dir / "helm-data"))
+        self.namespaces: set[str] = set()
+
+    def run(self, tool: str, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run([tool, *map(str, args)], input=input, capture_output=True, text=True,
+                           env=self.env, timeout=120)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{Path(tool).name} {' '.join(map(str, args))} failed ({p.returncode}):\n"
+                                 f"{p.stderr}{p.stdout}")
+        return p
+
+    def kubectl(self, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(KUBECTL, *args, input=input, check=check)
+
+    def helm(self, *args, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(HELM, *args, check=check)
+
+    def get(self, *args) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def create(self, obj: dict, *args, check: bool = True) -> subprocess.CompletedProcess:
+        return self.kubectl("create", "-f", "-", "-o", "json", *args, input=json.dumps(obj), check=check)
+
+    def create_pod(self, pod: dict) -> dict:
+        """Creates a pod and returns it as the API server stored it."""
+        return json.loads(self.create(pod).stdout)
+
+    def namespace(self, name: str, labels: dict | None = None) -> str:
+        """Creates a namespace (once) and waits for its default ServiceAccount, without which the
+        ServiceAccount admission plugin refuses every pod."""
+        if name not in self.namespaces:
+            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+            self.create(ns)
+            wait_for(f"the default ServiceAccount in {name}",
+                     lambda: self.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0)
+            self.namespaces.add(name)
+        return name
+
+
+class Webhook:
+    """The real binary, serving on loopback with the given certificate and configuration."""
+
+    def __init__(self, workdir: Path, cert: bytes, key: bytes, config: str):
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "tls.crt").write_bytes(cert)
+        (self.dir / "tls.key").write_bytes(key)
+        self.config_path = self.dir / "config.yaml"
+        self.config_path.write_text(config)
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}/mutate"
+        self.proc = None
+
+    def start(self) -> "Webhook":
+        self.proc = start_process([
+            str(BINARY), "serve", "--listen", f"127.0.0.1:{self.port}",
+            "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--tls-cert", str(self.dir / "tls.crt"), "--tls-key", str(self.dir / "tls.key"),
+            "--config", str(self.config_path), "--log-format", "json", "--reload-poll-seconds", "1",
+        ], self.dir / "webhook.log")
+        wait_for("the webhook to be ready", lambda: self.admin("/readyz")[0] == 200, timeout=20)
+        return self
+
+    def stop(self) -> None:
+        if self.proc:
+            stop_process(self.proc)
+            self.proc = None
+
+    def admin(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of a metric's samples whose labels include `labels`."""
+        total = 0.0
+        for line in self.admin("/metrics")[1].splitlines():
+            if not line.startswith(name):
+                continue
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] != name:
+                continue
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def log(self) -> list[dict]:
+        out = []
+        for line in (self.dir / "webhook.log").read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+        return out
+
+
+class Release:
+    """The chart installed with helm, its webhook pointed at the binary running on loopback with
+    the TLS Secret and the configuration the chart created (read back from the API server)."""
+
+    def __init__(self, cluster: Cluster, name: str, values: dict, workdir: Path):
+        self.cluster, self.name, self.values, self.dir = cluster, name, values, workdir
+        self.fullname = f"{name}-ephemeral-volume-injector"
+        self.port = free_port()
+        self.webhook: Webhook | None = None
+
+    def install(self, *extra) -> "Release":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        vals = dict(self.values)
+        vals.setdefault("webhook", {})
+        vals["webhook"] = {**vals["webhook"], "url": f"https://127.0.0.1:{self.port}/mutate"}
+        path = self.dir / "values.yaml"
+        path.write_text(yaml.safe_dump(vals))
+        self.cluster.helm("upgrade", "--install", self.name, CHART, "-n", RELEASE_NS, "--create-namespace",
+                          "-f", path, "--wait=false", *extra)
+        return self
+
+    def secret(self) -> dict:
+        return self.cluster.get("secret", f"{self.fullname}-tls", "-n", RELEASE_NS)
+
+    def config(self) -> str:
+        return self.cluster.get("configmap", f"{self.fullname}-config", "-n", RELEASE_NS)["data"]["config.yaml"]
+
+    def start_webhook(self) -> Webhook:
+        data = self.secret()["data"]
+        wh = Webhook(self.dir / "webhook", base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]),
+                     self.config())
+        wh.port = self.port
+        wh.url = f"https://127.0.0.1:{self.port}/mutate"
+        self.webhook = wh.start()
+        return wh
+
+    def uninstall(self) -> None:
+        if self.webhook:
+            self.webhook.stop()
+        self.cluster.helm("uninstall", self.name, "-n", RELEASE_NS, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def controlplane(tmp_path_factory):
+    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    cp.start()
+    print(f"\ncontrol plane up in {cp.startup_seconds:.1f} s ({cp.dir})", file=sys.stderr)
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(controlplane) -> Cluster:
+    return Cluster(controlplane)
+
+
+def pod(name: str | None = None, namespace: str = "default", annotations: dict | None = None,
+        labels: dict | None = None, containers: list[dict] | None = None, **spec) -> dict:
+    """A pod shaped like a Nextflow task (Pod mode) unless told otherwise."""
+    meta: dict = {"namespace": namespace}
+    if name:
+        meta["name"] = name
+    else:
+        meta["generateName"] = "nf-"
+    if annotations is not None:
+        meta["annotations"] = annotations
+    if labels is not None:
+        meta["labels"] = labels
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": containers or [{
+                "name": name or "main", "image": "quay.io/nextflow/bash",
+                "args": ["/bin/bash", "-ue", "-c", "bash .command.run"],
+                "resources": {"requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "10Gi"},
+                              "limits": {"memory": "2Gi", "ephemeral-storage": "10Gi"}},
+                "env": [{"name": "NXF_OWNER", "value": "1000:1000"}],
+            }],
+            **spec,
+        },
+    }
+
+
+def volumes_by_name(stored: dict) -> dict:
+    return {v["name"]: v for v in stored["spec"].get("volumes", [])}
+
+
+def mounts_by_path(container: dict) -> dict:
+    return {m["mountPath"]: m for m in container.get("volumeMounts", [])}

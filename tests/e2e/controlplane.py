@@ -1,0 +1,276 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
+
+No kubelet and no scheduler: pods are created, mutated, validated and stored, never run. The
+way controller-runtime's envtest and Kubernetes' own integration tests judge webhooks.
+
+By hand (the binaries come from tests/controlplane/build.sh):
+
+    python3 tests/e2e/controlplane.py up            # start, print KUBECONFIG, stop on Ctrl-C
+    python3 tests/e2e/controlplane.py run -- CMD    # start, run CMD with KUBECONFIG set, stop
+
+Every process is started in its own process group, dies with this one (PR_SET_PDEATHSIG) and is
+stopped on exit, on success or failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS_DIR = Path(os.environ.get("EVI_TOOLS_DIR", Path.home() / ".cache/evi-tools"))
+PR_SET_PDEATHSIG = 1
+
+
+def binaries_dir() -> Path:
+    """The directory with etcd, kube-apiserver and kube-controller-manager (built if missing)."""
+    if os.environ.get("EVI_CONTROLPLANE_BIN"):
+        return Path(os.environ["EVI_CONTROLPLANE_BIN"])
+    out = subprocess.run(["bash", str(ROOT / "tests/controlplane/build.sh")], check=True,
+                         capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent():
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start_process(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """A child in its own process group that is killed if the test process dies."""
+    out = open(log, "ab")
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, preexec_fn=_die_with_parent)
+
+
+def stop_process(p: subprocess.Popen, timeout: float = 10) -> None:
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+class PKI:
+    """A CA, a serving certificate for kube-apiserver, an admin client certificate
+    (system:masters) and the service-account signing key."""
+
+    def __init__(self, d: Path):
+        self.dir = d
+        self.ca_crt, self.ca_key = d / "ca.crt", d / "ca.key"
+        self.server_crt, self.server_key = d / "apiserver.crt", d / "apiserver.key"
+        self.admin_crt, self.admin_key = d / "admin.crt", d / "admin.key"
+        self.sa_key, self.sa_pub = d / "sa.key", d / "sa.pub"
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=evi-test-ca",
+                "-keyout", str(self.ca_key), "-out", str(self.ca_crt))
+        self._sign("apiserver", "/CN=kube-apiserver",
+                   "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+                   "DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth")
+        self._sign("admin", "/O=system:masters/CN=evi-test-admin", "extendedKeyUsage=clientAuth")
+        openssl("genrsa", "-out", str(self.sa_key), "2048")
+        openssl("rsa", "-in", str(self.sa_key), "-pubout", "-out", str(self.sa_pub))
+
+    def _sign(self, name: str, subject: str, ext: str) -> None:
+        key, csr, crt = self.dir / f"{name}.key", self.dir / f"{name}.csr", self.dir / f"{name}.crt"
+        extfile = self.dir / f"{name}.ext"
+        extfile.write_text(ext + "\n")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key), "-out", str(csr))
+        openssl("x509", "-req", "-in", str(csr), "-CA", str(self.ca_crt), "-CAkey", str(self.ca_key),
+                "-CAcreateserial", "-days", "2", "-extfile", str(extfile), "-out", str(crt))
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on loopback, and a kubeconfig."""
+
+    def __init__(self, workdir: Path | None = None, bindir: Path | None = None):
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="evi-controlplane-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.bin = bindir or binaries_dir()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.kubeconfig = self.dir / "kubeconfig"
+        self.api_port = free_port()
+        self.url = f"https://127.0.0.1:{self.api_port}"
+
+    def start(self, timeout: float = 60) -> "ControlPlane":
+        started = time.monotonic()
+        try:
+            self.pki = PKI(self.dir)
+            self._write_kubeconfig()
+            self._start_etcd()
+            self._start_apiserver()
+            self._wait_ready(started + timeout)
+            self._start_controller_manager()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            if name in self.procs:
+                stop_process(self.procs.pop(name))
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # === the components ===
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        self.procs["etcd"] = start_process([
+            str(self.bin / "etcd"), "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+            # A test store: losing it on a crash is fine, and fsync is most of etcd's latency.
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ], self.dir / "etcd.log")
+
+    def _start_apiserver(self) -> None:
+        p = self.pki
+        self.procs["kube-apiserver"] = start_process([
+            str(self.bin / "kube-apiserver"),
+            "--etcd-servers", self.etcd_url,
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.api_port),
+            "--tls-cert-file", str(p.server_crt), "--tls-private-key-file", str(p.server_key),
+            "--client-ca-file", str(p.ca_crt),
+            "--service-account-issuer", "https://kubernetes.default.svc",
+            "--service-account-key-file", str(p.sa_pub),
+            "--service-account-signing-key-file", str(p.sa_key),
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            # No kubelet, no kube-proxy: the kubernetes Service needs no endpoints (as in envtest).
+            "--endpoint-reconciler-type", "none",
+            "--authorization-mode", "RBAC",
+            # The default admission plugins are on; MutatingAdmissionWebhook is one of them.
+            "--enable-admission-plugins", "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+            "--disable-admission-plugins", "",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v", os.environ.get("EVI_APISERVER_V", "1"),
+        ], self.dir / "kube-apiserver.log")
+
+    def _start_controller_manager(self) -> None:
+        p = self.pki
+        self.procs["kube-controller-manager"] = start_process([
+            str(self.bin / "kube-controller-manager"),
+            "--kubeconfig", str(self.kubeconfig),
+            "--authentication-kubeconfig", str(self.kubeconfig),
+            "--authorization-kubeconfig", str(self.kubeconfig),
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+            "--leader-elect=false",
+            # job, ephemeral-volume, namespace, garbage-collector, service-account(-token),
+            # replicaset and the rest of the defaults.
+            "--controllers", "*",
+            "--service-account-private-key-file", str(p.sa_key),
+            "--root-ca-file", str(p.ca_crt),
+            "--use-service-account-credentials=false",
+            "--concurrent-gc-syncs", "5",
+            "--v", "1",
+        ], self.dir / "kube-controller-manager.log")
+
+    def _wait_ready(self, deadline: float) -> None:
+        ctx = self.ssl_context()
+        last = ""
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception as e:  # noqa: BLE001 - not up yet
+                last = str(e)
+            time.sleep(0.2)
+        raise TimeoutError(f"kube-apiserver not ready: {last}\n{self.log('kube-apiserver')[-3000:]}")
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+        ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
+        return ctx
+
+    def _write_kubeconfig(self) -> None:
+        p = self.pki
+        self.kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: evi-test
+  cluster:
+    server: {self.url}
+    certificate-authority: {p.ca_crt}
+users:
+- name: admin
+  user:
+    client-certificate: {p.admin_crt}
+    client-key: {p.admin_key}
+contexts:
+- name: evi-test
+  context: {{cluster: evi-test, user: admin}}
+current-context: evi-test
+""")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "run"])
+    ap.add_argument("--dir", type=Path, help="work directory (default: a new temporary one)")
+    ap.add_argument("argv", nargs="*", help="with run: the command to run")
+    args = ap.parse_args()
+    cp = ControlPlane(args.dir)
+    stop = lambda *_: (cp.stop(), sys.exit(130))  # noqa: E731
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    cp.start()
+    print(f"control plane up in {cp.startup_seconds:.1f} s; logs in {cp.dir}", file=sys.stderr)
+    try:
+        if args.command == "run":
+            env = dict(os.environ, KUBECONFIG=str(cp.kubeconfig))
+            return subprocess.run(args.argv, env=env).returncode
+        print(f"export KUBECONFIG={cp.kubeconfig}")
+        sys.stdout.flush()
+        signal.pause()
+        return 0
+    finally:
+        cp.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""failurePolicy: Fail with the webhook down: only pods that ask are refused. And the chart's
+matchConditions, compiled and evaluated by the API server's own CEL, agree with the webhook's
+own rule matching for every rule shape the chart can generate."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+
+import pytest
+import yaml
+from conftest import BINARY, CHART, HELM, RELEASE_NS, Release, pod, wait_for
+
+P = "ephemeral-volumes.io"
+
+
+@pytest.fixture(scope="module")
+def stopped(cluster, tmp_path_factory):
+    """The chart installed, its webhook URL pointing at a port where nothing listens."""
+    values = {"config": {"rules": [{"name": "nf", "namespaces": ["nf-down"],
+                                    "podSelector": {"matchLabels": {"nextflow.io/app": "nextflow"}},
+                                    "volumes": {"scratch": "type=emptyDir,mountPath=/scratch,size=1Gi"}}]},
+              "webhook": {"excludeNamespaces": ["excluded"], "failurePolicy": "Fail"}}
+    r = Release(cluster, "evi-down", values, tmp_path_factory.mktemp("down")).install()
+    ns = cluster.namespace("nf-down")
+    probe = pod(namespace=ns, annotations={f"{P}/x": "type=emptyDir,mountPath=/x"})
+    wait_for("the webhook configuration to take effect",
+             lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+    yield r
+    r.uninstall()
+
+
+def test_with_the_webhook_down_only_pods_that_ask_are_refused(cluster, stopped):
+    ns = "nf-down"
+    asks = cluster.create(pod(namespace=ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}), check=False)
+    assert asks.returncode != 0
+    assert "failed calling webhook" in asks.stderr and f"volumes.{P}" in asks.stderr
+    by_rule = cluster.create(pod(namespace=ns, labels={"nextflow.io/app": "nextflow"}), check=False)
+    assert by_rule.returncode != 0, "a pod a rule matches must not be created without its volume"
+
+    # Pods that asked for nothing are admitted and stored unchanged.
+    nothing = cluster.create_pod(pod(namespace=ns, annotations={"other.example.com/a": "b"}, labels={"app": "x"}))
+    assert "annotations" in nothing["metadata"] and "volumes" in nothing["spec"]
+    bare = pod(namespace=ns)
+    bare["metadata"].pop("annotations", None)
+    bare["metadata"].pop("labels", None)
+    stored = cluster.create_pod(bare)
+    assert "labels" not in stored["metadata"] and "annotations" not in stored["metadata"]
+    # The same labels outside the rule's namespace: not sent.
+    other = cluster.namespace("nf-down-other")
+    cluster.create_pod(pod(namespace=other, labels={"nextflow.io/app": "nextflow"}))
+    # Excluded namespaces: never sent, even when they ask.
+    for ns in ("kube-system", RELEASE_NS, cluster.namespace("excluded")):
+        cluster.create_pod(pod(namespace=ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}))
+
+
+# === the chart's CEL against the webhook's matcher ===
+
+RULE_SHAPES = [
+    {"namespaces": ["a"]},
+    {"namespaces": ["a", "b"]},
+    {"podSelector": {}},
+    {},
+    {"podSelector": {"matchLabels": {"k": "v"}}},
+    {"podSelector": {"matchLabels": {"k": "v", "k2": "v2"}}},
+    {"namespaces": ["b"], "podSelector": {"matchLabels": {"k": "v"}}},
+    {"podSelector": {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v", "w"]}]}},
+    {"podSelector": {"matchExpressions": [{"key": "k", "operator": "NotIn", "values": ["v"]}]}},
+    {"podSelector": {"matchExpressions": [{"key": "k", "operator": "Exists"}]}},
+    {"podSelector": {"matchExpressions": [{"key": "k", "operator": "DoesNotExist"}]}},
+    {"namespaces": ["a"], "podSelector": {"matchLabels": {"k2": "v2"},
+                                          "matchExpressions": [{"key": "k", "operator": "NotIn", "values": ["v"]}]}},
+]
+LABELS = [None, {}, {"k": "v"}, {"k": "w"}, {"k": "x"}, {"k2": "v2"}, {"k": "v", "k2": "v2"}]
+NAMESPACES = ["a", "b", "c"]
+
+
+def webhook_matches(config: dict, namespace: str, labels: dict | None, tmp_path) -> bool:
+    """The webhook's own rule matching, through `mutate` with the same configuration."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    p = pod(name="p", namespace=namespace, labels=labels)
+    out = subprocess.run([str(BINARY), "mutate", "--config", str(cfg), "-n", namespace, "-f", "-", "-o", "patch"],
+                         input=json.dumps(p), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout) != []
+
+
+def test_chart_match_conditions_agree_with_the_webhook_on_every_rule_shape(cluster, tmp_path):
+    for ns in NAMESPACES:
+        cluster.namespace(ns)
+    disagreements = []
+    for i, shape in enumerate(RULE_SHAPES):
+        # Its own prefix and webhook name, apart from any other release's.
+        config = {"annotationPrefix": "cel.example.com", "rules": [{"name": f"r{i}", **shape,
+                             "volumes": {"v": "type=emptyDir,mountPath=/v,size=1Gi"}}]}
+        # The chart's MutatingWebhookConfiguration alone, rendered for this rule, pointing at a
+        # closed port: the API server refuses exactly the pods its CEL sends.
+        values = tmp_path / f"values-{i}.yaml"
+        values.write_text(yaml.safe_dump({"config": config, "webhook": {"url": "https://127.0.0.1:1/mutate"}}))
+        rendered = subprocess.run([HELM, "template", f"cel{i}", str(CHART), "-n", RELEASE_NS, "-f", str(values),
+                                   "--kube-version", "1.37.0", "--show-only", "templates/webhook.yaml"],
+                                  capture_output=True, text=True, check=True).stdout
+        mwc = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "MutatingWebhookConfiguration")
+        cluster.create(mwc)
+        probe = pod(namespace="a", annotations={"cel.example.com/x": "type=emptyDir,mountPath=/x"})
+        wait_for("the configuration to take effect",
+                 lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+        try:
+            for ns, labels in itertools.product(NAMESPACES, LABELS):
+                p = pod(namespace=ns, labels=labels)
+                p["metadata"].pop("annotations", None)
+                api = cluster.create(p, "--dry-run=server", check=False)
+                sent = api.returncode != 0
+                if sent:
+                    assert "failed calling webhook" in api.stderr, api.stderr
+                ours = webhook_matches(config, ns, labels, tmp_path)
+                if sent != ours:
+                    disagreements.append(f"rule {shape}, namespace {ns}, labels {labels}: "
+                                         f"API server CEL {'sends' if sent else 'skips'}, webhook "
+                                         f"{'matches' if ours else 'does not match'}")
+        finally:
+            cluster.kubectl("delete", "mutatingwebhookconfiguration", mwc["metadata"]["name"], "--wait=true")
+            wait_for("the configuration to be gone",
+                     lambda: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
+    assert not disagreements, "\n".join(disagreements)
