@@ -91,6 +91,33 @@ impl Source {
     }
 }
 
+/// Where an emptyDir lives: what its size is checked against, and which warnings apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    /// The node's disk (no medium): capped by `maxSize.emptyDir`, defaulted by `defaultSizeLimit`.
+    Disk,
+    /// RAM (`Memory`): capped by `maxSize.memory`, counted against the memory limit.
+    Memory,
+    /// Pre-allocated huge pages (`HugePages`, `HugePages-<size>`): not disk, not ordinary memory;
+    /// sized by the pod's hugepages resources, so no disk cap, default or warning applies.
+    HugePages,
+    /// Not an emptyDir.
+    None,
+}
+
+impl Medium {
+    pub fn of(source: &Source) -> Medium {
+        match source {
+            Source::EmptyDir(e) => match e.medium.as_deref() {
+                Some("Memory") => Medium::Memory,
+                Some(m) if m.starts_with("HugePages") => Medium::HugePages,
+                _ => Medium::Disk,
+            },
+            _ => Medium::None,
+        }
+    }
+}
+
 /// Which init containers get the mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InitTargets {
@@ -125,9 +152,7 @@ impl FromStr for VolumeRequest {
             );
         }
         if trimmed.starts_with('{') {
-            let json: Value = serde_json::from_str(trimmed)
-                .map_err(|e| GrammarError(format!("invalid JSON: {e}")))?;
-            return VolumeRequest::from_json(&json);
+            return VolumeRequest::from_json(&parse_json_strict(trimmed)?);
         }
         if !trimmed.bytes().any(|b| b == b'=') {
             validate_profile_name(trimmed)?;
@@ -178,6 +203,102 @@ impl VolumeRequest {
             raw.set(key, Val::Json(val))?;
         }
         raw.build()
+    }
+}
+
+/// Parses JSON refusing a repeated key anywhere (serde_json keeps the last one silently, which
+/// would make the JSON form laxer than key=value, where a repeated field is an error).
+pub fn parse_json_strict(text: &str) -> Result<Value, GrammarError> {
+    let checked: Result<NoDuplicates, _> = serde_json::from_str(text);
+    if let Err(e) = checked {
+        if e.is_data() {
+            // Our own error: a repeated key, whose message names the field.
+            let message = e.to_string();
+            let message = message.split(" at line ").next().unwrap_or(&message);
+            return bad(message.to_owned());
+        }
+        return bad(format!("invalid JSON: {e}"));
+    }
+    serde_json::from_str(text).map_err(|e| GrammarError(format!("invalid JSON: {e}")))
+}
+
+/// Walks a JSON document and fails on the first object with a repeated key, naming its path.
+pub struct NoDuplicates;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicates {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(DupVisitor {
+            path: String::new(),
+        })
+    }
+}
+
+struct DupVisitor {
+    path: String,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor {
+    type Value = NoDuplicates;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DupVisitor {
+    type Value = NoDuplicates;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let path = if self.path.is_empty() {
+                key.to_string()
+            } else {
+                format!("{}.{key}", self.path)
+            };
+            if !seen.insert(key.into_owned()) {
+                return Err(serde::de::Error::custom(format!(
+                    "field {path} is given twice"
+                )));
+            }
+            map.next_value_seed(DupVisitor { path })?;
+        }
+        Ok(NoDuplicates)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(DupVisitor {
+                path: format!("{}[{i}]", self.path),
+            })?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(NoDuplicates)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
     }
 }
 
@@ -511,7 +632,7 @@ impl<'a> Raw<'a> {
         Ok(VolumeRequest {
             source,
             size: size_override,
-            mount_path: self.mount_path.map(str::to_owned),
+            mount_path: self.mount_path.map(normalize_path),
             read_only: self.read_only,
             sub_path: self.sub_path.map(str::to_owned),
             containers: self.containers,
@@ -623,9 +744,18 @@ fn unknown_fields(input: &Value, known: &Value, path: &str, out: &mut Vec<String
     }
 }
 
+/// A size to give a volume: a valid quantity above zero (a zero `sizeLimit` is no limit at
+/// all to the kubelet, and the API server refuses a zero PVC request).
 pub fn parse_size(field: &str, s: &str) -> Result<Quantity, GrammarError> {
-    s.parse::<Quantity>()
-        .map_err(|e| GrammarError(format!("{field}: {e}")))
+    let q = s
+        .parse::<Quantity>()
+        .map_err(|e| GrammarError(format!("{field}: {e}")))?;
+    if q.is_zero() {
+        return bad(format!(
+            "{field} {s:?} is zero, which is no limit at all; give a size above zero"
+        ));
+    }
+    Ok(q)
 }
 
 const ACCESS_MODES: [&str; 4] = [
@@ -659,7 +789,17 @@ pub fn validate_source(source: &Source) -> Result<(), GrammarError> {
             if c.driver.trim().is_empty() {
                 return bad("csi.driver is empty");
             }
-            validate_dns_subdomain("CSI driver", &c.driver)
+            if c.driver.len() > 63 {
+                return bad(format!(
+                    "CSI driver {:?} is longer than 63 characters",
+                    c.driver
+                ));
+            }
+            validate_dns_subdomain("CSI driver", &c.driver)?;
+            if let Some(r) = &c.node_publish_secret_ref {
+                validate_dns_subdomain("csi.nodePublishSecretRef.name", &r.name)?;
+            }
+            Ok(())
         }
         Source::Ephemeral(e) => {
             let Some(t) = &e.volume_claim_template else {
@@ -676,8 +816,21 @@ pub fn validate_source(source: &Source) -> Result<(), GrammarError> {
                     ACCESS_MODES.join(", ")
                 ));
             }
-            if spec.volume_mode.as_deref() == Some("Block") {
-                return bad("volumeMode Block cannot be mounted at a mountPath; use Filesystem");
+            if let Some(meta) = &t.metadata {
+                validate_template_metadata(meta)?;
+            }
+            match spec.volume_mode.as_deref() {
+                None | Some("Filesystem") => {}
+                Some("Block") => {
+                    return bad(
+                        "volumeMode Block cannot be mounted at a mountPath; use Filesystem",
+                    );
+                }
+                Some(other) => {
+                    return bad(format!(
+                        "volumeMode {other:?} is not Filesystem (the only mode a mountPath can use)"
+                    ));
+                }
             }
             if let Some(sc) = &spec.storage_class_name {
                 validate_dns_subdomain("storageClass", sc)?;
@@ -701,6 +854,11 @@ pub fn validate_mount_path(p: &str) -> Result<(), GrammarError> {
     if !p.starts_with('/') {
         return bad(format!("mountPath {p:?} must be an absolute path"));
     }
+    if normalize_path(p) == "/" {
+        return bad(format!(
+            "mountPath {p:?} is the container's root; mount the volume below it"
+        ));
+    }
     if has_dot_dot(p) {
         return bad(format!("mountPath {p:?} must not contain '..'"));
     }
@@ -708,6 +866,20 @@ pub fn validate_mount_path(p: &str) -> Result<(), GrammarError> {
         return bad(format!("mountPath {p:?} must not contain ':' or NUL"));
     }
     Ok(())
+}
+
+/// One spelling per path: `//` and `/./` collapsed, no trailing `/` (`/scratch//a/./` is
+/// `/scratch/a`). Mount paths are written and compared in this form.
+pub fn normalize_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for part in p.split('/').filter(|part| !part.is_empty() && *part != ".") {
+        out.push('/');
+        out.push_str(part);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
 }
 
 /// Whether a `..` path element occurs (a plain byte scan first: most paths have no `..`).
@@ -751,6 +923,60 @@ fn validate_dns_subdomain(what: &str, s: &str) -> Result<(), GrammarError> {
     } else {
         bad(format!("{what} {s:?} is not a valid DNS-1123 subdomain"))
     }
+}
+
+/// A PVC template may carry labels and annotations only (the API server refuses the rest of
+/// ObjectMeta there), each a valid Kubernetes key and label value.
+fn validate_template_metadata(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<(), GrammarError> {
+    let at = "ephemeral.volumeClaimTemplate.metadata";
+    let mut rest = serde_json::to_value(meta).map_err(|e| GrammarError(format!("{at}: {e}")))?;
+    if let Value::Object(fields) = &mut rest {
+        fields.remove("labels");
+        fields.remove("annotations");
+        if let Some(field) = fields.keys().next() {
+            return bad(format!(
+                "{at}.{field} cannot be set for an ephemeral volume (only labels and annotations)"
+            ));
+        }
+    }
+    for (k, v) in meta.labels.iter().flatten() {
+        validate_qualified_name(&format!("{at}.labels"), k)?;
+        let ok = v.is_empty()
+            || (v.len() <= 63
+                && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')));
+        if !ok {
+            return bad(format!("{at}.labels.{k}: {v:?} is not a valid label value"));
+        }
+    }
+    for k in meta.annotations.iter().flatten().map(|(k, _)| k) {
+        validate_qualified_name(&format!("{at}.annotations"), k)?;
+    }
+    Ok(())
+}
+
+/// A label or annotation key: an optional DNS subdomain prefix and `/`, then a name of at most
+/// 63 alphanumerics, `-`, `_` and `.`, starting and ending alphanumeric.
+fn validate_qualified_name(at: &str, key: &str) -> Result<(), GrammarError> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !name_ok || prefix.is_some_and(|p| validate_dns_subdomain("prefix", p).is_err()) {
+        return bad(format!("{at}: {key:?} is not a valid key"));
+    }
+    Ok(())
 }
 
 pub fn validate_profile_name(s: &str) -> Result<(), GrammarError> {

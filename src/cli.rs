@@ -40,7 +40,9 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct MutateArgs {
-    /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet, as YAML or JSON; `-` for stdin.
+    /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet, as YAML or JSON; `-`
+    /// for stdin. A multi-document stream or a List: every object in order (the output is then
+    /// a `---` stream, a List, or with `-o patch` an array of one patch per object).
     #[arg(short = 'f', long = "filename")]
     pub file: String,
     /// Configuration file (the same one `serve --config` reads); built-in defaults without it.
@@ -116,30 +118,39 @@ fn mutate(args: &MutateArgs) -> ExitCode {
     if let Err(e) = read {
         return usage(format!("cannot read {}: {e}", args.file));
     }
-    let object = match workload::parse_object(&text) {
+    let objects = match workload::parse_objects(&text) {
         Ok(o) => o,
         Err(e) => return usage(format!("{}: {e}", args.file)),
     };
-    let preview = match workload::preview(&cfg, &object, args.namespace.as_deref()) {
-        Ok(p) => p,
-        Err(e) => return usage(format!("{}: {e}", args.file)),
-    };
-    for w in &preview.outcome.warnings {
-        eprintln!("warning: {w}");
-    }
-    if !preview.outcome.allowed() {
-        if let Some(d) = &preview.outcome.denial {
-            eprintln!("denied ({}): {}", d.code(), d.message);
+    let many = objects.len() > 1;
+    let mut previews = Vec::with_capacity(objects.len());
+    let mut denied = false;
+    for (i, object) in objects.iter().enumerate() {
+        // With several documents, every message says which one it is about.
+        let which = if many {
+            format!("document {} ({}): ", i + 1, describe(object))
+        } else {
+            String::new()
+        };
+        let preview = match workload::preview(&cfg, object, args.namespace.as_deref()) {
+            Ok(p) => p,
+            Err(e) => return usage(format!("{}: {which}{e}", args.file)),
+        };
+        for w in &preview.outcome.warnings {
+            eprintln!("warning: {which}{w}");
         }
+        if !preview.outcome.allowed() {
+            if let Some(d) = &preview.outcome.denial {
+                eprintln!("denied ({}): {which}{}", d.code(), d.message);
+            }
+            denied = true;
+        }
+        previews.push(preview);
+    }
+    if denied {
         return ExitCode::from(1);
     }
-    let rendered = match args.output {
-        Output::Yaml => yaml_serde::to_string(&preview.mutated).map_err(|e| e.to_string()),
-        Output::Json => serde_json::to_string_pretty(&preview.mutated).map_err(|e| e.to_string()),
-        Output::Patch => {
-            serde_json::to_string_pretty(&preview.outcome.patch).map_err(|e| e.to_string())
-        }
-    };
+    let rendered = render(args.output, &previews);
     match rendered {
         Ok(mut s) => {
             if !s.ends_with('\n') {
@@ -151,5 +162,46 @@ fn mutate(args: &MutateArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => usage(format!("cannot print the result: {e}")),
+    }
+}
+
+/// One document as it came (YAML, JSON), several as kubectl prints them: a `---` stream, a
+/// `List`, and for patches a JSON array with one patch per document, in order.
+fn render(output: Output, previews: &[workload::Preview]) -> Result<String, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    match (output, previews) {
+        (Output::Yaml, [one]) => yaml_serde::to_string(&one.mutated).map_err(|e| err(&e)),
+        (Output::Json, [one]) => serde_json::to_string_pretty(&one.mutated).map_err(|e| err(&e)),
+        (Output::Patch, [one]) => {
+            serde_json::to_string_pretty(&one.outcome.patch).map_err(|e| err(&e))
+        }
+        (Output::Yaml, many) => {
+            let mut out = String::new();
+            for p in many {
+                out.push_str("---\n");
+                out.push_str(&yaml_serde::to_string(&p.mutated).map_err(|e| err(&e))?);
+            }
+            Ok(out)
+        }
+        (Output::Json, many) => serde_json::to_string_pretty(&serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": many.iter().map(|p| &p.mutated).collect::<Vec<_>>(),
+        }))
+        .map_err(|e| err(&e)),
+        (Output::Patch, many) => {
+            let patches = many.iter().map(|p| &p.outcome.patch).collect::<Vec<_>>();
+            serde_json::to_string_pretty(&patches).map_err(|e| err(&e))
+        }
+    }
+}
+
+/// `Kind/name` of an object, for messages about one document of several.
+fn describe(object: &serde_json::Value) -> String {
+    let kind = object["kind"].as_str().unwrap_or("object");
+    let meta = &object["metadata"];
+    match meta["name"].as_str().or(meta["generateName"].as_str()) {
+        Some(name) => format!("{kind}/{name}"),
+        None => kind.to_owned(),
     }
 }

@@ -9,7 +9,7 @@ use serde_json::{Value, value::RawValue};
 
 use crate::{
     annotation::{
-        GrammarError, Source, VolumeKind, VolumeRequest, from_json_strict, parse_size,
+        GrammarError, Medium, Source, VolumeKind, VolumeRequest, from_json_strict, parse_size,
         validate_dns_label, validate_profile_name,
     },
     quantity::Quantity,
@@ -36,16 +36,14 @@ pub enum OnError {
 
 // === the file as written ===
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// The file as written, read part by part ([`FileConfig::read`]) so that every error is found.
+#[derive(Debug, Default)]
 struct FileConfig {
     annotation_prefix: Option<String>,
     on_error: Option<OnError>,
-    #[serde(default)]
     profiles: BTreeMap<String, Value>,
-    #[serde(default)]
-    rules: Vec<FileRule>,
-    #[serde(default)]
+    /// With their place in the file: a rule that failed to read keeps the others' numbers.
+    rules: Vec<(usize, FileRule)>,
     policy: FilePolicy,
 }
 
@@ -59,8 +57,7 @@ struct FileRule {
     volumes: BTreeMap<String, Value>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Debug, Default)]
 struct FilePolicy {
     allow_inline: Option<bool>,
     types: Option<Vec<VolumeKind>>,
@@ -109,13 +106,13 @@ pub struct CompiledSource {
     /// The source object: the value of the volume's `emptyDir`, `csi` or `ephemeral` field.
     pub json: Box<RawValue>,
     pub size: Option<Quantity>,
-    pub memory: bool,
+    pub medium: Medium,
 }
 
 impl PartialEq for CompiledSource {
     fn eq(&self, other: &Self) -> bool {
-        (self.kind, self.json.get(), self.size, self.memory)
-            == (other.kind, other.json.get(), other.size, other.memory)
+        (self.kind, self.json.get(), self.size, self.medium)
+            == (other.kind, other.json.get(), other.size, other.medium)
     }
 }
 
@@ -190,19 +187,102 @@ impl Config {
         Config::parse(&text)
     }
 
-    /// Parses and validates a whole file; any problem refuses all of it.
+    /// Parses and validates a whole file; any problem refuses all of it. Every problem is
+    /// listed, type errors included: each part of the file is read on its own.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let file: FileConfig = if text.trim().is_empty() {
+        let mut errors = Vec::new();
+        let file = if text.trim().is_empty() {
             FileConfig::default()
         } else {
-            yaml_serde::from_str(text).map_err(|e| ConfigError::Invalid(vec![e.to_string()]))?
+            // YAML syntax, and keys given twice (which YAML forbids and serde would let pass,
+            // keeping the last), stop the reading: there is no document to read further.
+            let syntax = |e: yaml_serde::Error| ConfigError::Invalid(vec![e.to_string()]);
+            yaml_serde::from_str::<crate::annotation::NoDuplicates>(text).map_err(syntax)?;
+            let doc: Value = yaml_serde::from_str(text).map_err(syntax)?;
+            FileConfig::read(doc, &mut errors)
         };
-        compile(file)
+        compile(file, errors)
     }
 }
 
-fn compile(file: FileConfig) -> Result<Config, ConfigError> {
-    let mut errors = Vec::new();
+// === reading the file part by part ===
+
+/// One part of the file as `T`, or an error naming where it is.
+fn part<T: serde::de::DeserializeOwned>(v: Value, at: &str, errors: &mut Vec<String>) -> Option<T> {
+    serde_json::from_value(v)
+        .map_err(|e| errors.push(format!("{at}: {e}")))
+        .ok()
+}
+
+/// The entries of a mapping, or an error naming where it is.
+fn entries(v: Value, at: &str, errors: &mut Vec<String>) -> serde_json::Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        Value::Null => serde_json::Map::new(),
+        other => {
+            errors.push(format!("{at}: expected a mapping, not {other}"));
+            serde_json::Map::new()
+        }
+    }
+}
+
+impl FileConfig {
+    fn read(doc: Value, errors: &mut Vec<String>) -> FileConfig {
+        let mut file = FileConfig::default();
+        for (key, v) in entries(doc, "the configuration", errors) {
+            match key.as_str() {
+                "annotationPrefix" => file.annotation_prefix = part(v, &key, errors),
+                "onError" => file.on_error = part(v, &key, errors),
+                "clusterChecks" => {
+                    errors.push("clusterChecks: cluster checks are not available in this version of the webhook".to_owned());
+                }
+                "profiles" => file.profiles = part(v, &key, errors).unwrap_or_default(),
+                "rules" => match v {
+                    Value::Array(rules) => {
+                        file.rules = rules
+                            .into_iter()
+                            .enumerate()
+                            .filter_map(|(i, r)| Some((i, part(r, &format!("rules[{i}]"), errors)?)))
+                            .collect();
+                    }
+                    Value::Null => {}
+                    other => errors.push(format!("rules: expected a list, not {other}")),
+                },
+                "policy" => file.policy = FilePolicy::read(v, errors),
+                other => errors.push(format!(
+                    "unknown field {other:?}; the fields are annotationPrefix, onError, profiles, rules, policy"
+                )),
+            }
+        }
+        file
+    }
+}
+
+impl FilePolicy {
+    fn read(v: Value, errors: &mut Vec<String>) -> FilePolicy {
+        let mut p = FilePolicy::default();
+        for (key, v) in entries(v, "policy", errors) {
+            let at = format!("policy.{key}");
+            match key.as_str() {
+                "allowInline" => p.allow_inline = part(v, &at, errors),
+                "types" => p.types = part(v, &at, errors),
+                "csiDrivers" => p.csi_drivers = part(v, &at, errors),
+                "storageClasses" => p.storage_classes = part(v, &at, errors),
+                "maxSize" => p.max_size = part(v, &at, errors),
+                "maxVolumesPerPod" => p.max_volumes_per_pod = part(v, &at, errors),
+                "requireSizeLimit" => p.require_size_limit = part(v, &at, errors),
+                "defaultSizeLimit" => p.default_size_limit = part(v, &at, errors),
+                other => errors.push(format!(
+                    "policy: unknown field {other:?}; the fields are allowInline, types, csiDrivers, \
+                     storageClasses, maxSize, maxVolumesPerPod, requireSizeLimit, defaultSizeLimit"
+                )),
+            }
+        }
+        p
+    }
+}
+
+fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigError> {
     let prefix = file
         .annotation_prefix
         .unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
@@ -241,7 +321,7 @@ fn compile(file: FileConfig) -> Result<Config, ConfigError> {
 
     cfg.policy = compile_policy(file.policy, &mut errors);
 
-    for (i, rule) in file.rules.into_iter().enumerate() {
+    for (i, rule) in file.rules {
         let at = format!("rules[{i}] ({})", rule.name);
         let selector = match rule.pod_selector.as_ref().map(Selector::from_json) {
             Some(Ok(s)) => Some(s),
@@ -282,6 +362,7 @@ fn compile(file: FileConfig) -> Result<Config, ConfigError> {
                 errors.push(format!("{at}.namespaces: {e}"));
             }
         }
+        check_rule(&cfg, &at, &rule.namespaces, &volumes, &mut errors);
         cfg.rules.push(Rule {
             name: rule.name,
             namespaces: rule.namespaces,
@@ -294,6 +375,63 @@ fn compile(file: FileConfig) -> Result<Config, ConfigError> {
         Ok(cfg)
     } else {
         Err(ConfigError::Invalid(errors))
+    }
+}
+
+/// A rule that can never do what it says is refused: the chart sends every pod it matches to
+/// the webhook, so a rule that cannot inject would deny each of them.
+fn check_rule(
+    cfg: &Config,
+    at: &str,
+    namespaces: &Option<Vec<String>>,
+    volumes: &BTreeMap<String, VolumeRequest>,
+    errors: &mut Vec<String>,
+) {
+    if namespaces.as_ref().is_some_and(Vec::is_empty) {
+        errors.push(format!(
+            "{at}.namespaces is empty, so the rule matches no pod; leave it out to match every namespace"
+        ));
+    }
+    if volumes.is_empty() {
+        errors.push(format!(
+            "{at}.volumes is empty: the rule would inject nothing"
+        ));
+    }
+    if let Some(max) = cfg.policy.max_volumes_per_pod
+        && volumes.len() > max
+    {
+        errors.push(format!(
+            "{at}: {} volumes, more than policy.maxVolumesPerPod ({max}): every pod it matches would be denied",
+            volumes.len()
+        ));
+    }
+    for (vol, req) in volumes {
+        let vat = format!("{at}.volumes.{vol}");
+        let profile = match &req.source {
+            Source::Profile(p) => match cfg.profiles.get(p) {
+                Some(profile) => Some((p, profile)),
+                // Reported where the volume was read.
+                None => continue,
+            },
+            _ => None,
+        };
+        if req.mount_path.is_none() && profile.is_none_or(|(_, p)| p.mount_path.is_none()) {
+            errors.push(match profile {
+                Some((p, _)) => format!(
+                    "{vat}: no mountPath: profile {p:?} does not set one; every pod the rule matches would be denied"
+                ),
+                None => format!(
+                    "{vat}: no mountPath; every pod the rule matches would be denied"
+                ),
+            });
+        }
+        if let (Some(_), Some((p, profile))) = (&req.size, profile)
+            && profile.source.kind() == Some(VolumeKind::Csi)
+        {
+            errors.push(format!(
+                "{vat}: size does not apply to profile {p:?}, a CSI inline volume"
+            ));
+        }
     }
 }
 
@@ -324,14 +462,21 @@ fn compile_policy(p: FilePolicy, errors: &mut Vec<String>) -> Policy {
     policy.storage_classes = p.storage_classes;
     policy.max_volumes_per_pod = p.max_volumes_per_pod;
     policy.require_size_limit = p.require_size_limit.unwrap_or(false);
-    if policy.require_size_limit
-        && let Some(max) = policy.max_empty_dir
-        && policy.default_size_limit > max
-    {
-        errors.push(format!(
-            "policy.defaultSizeLimit {} exceeds policy.maxSize.emptyDir {max}",
-            policy.default_size_limit_text
-        ));
+    // The default is given to every emptyDir without a size, RAM disks included: a default
+    // above either cap would make the webhook write a size it refuses from a user.
+    for (max, field) in [
+        (policy.max_empty_dir, "emptyDir"),
+        (policy.max_memory, "memory"),
+    ] {
+        if policy.require_size_limit
+            && let Some(max) = max
+            && policy.default_size_limit > max
+        {
+            errors.push(format!(
+                "policy.defaultSizeLimit {} exceeds policy.maxSize.{field} {max}",
+                policy.default_size_limit_text
+            ));
+        }
     }
     policy
 }
@@ -506,7 +651,10 @@ policy:
             serde_json::to_value(source).unwrap()
         );
         let shm = &cfg.profile_sources["shm"];
-        assert_eq!((shm.kind, shm.memory), (VolumeKind::EmptyDir, true));
+        assert_eq!(
+            (shm.kind, shm.medium),
+            (VolumeKind::EmptyDir, Medium::Memory)
+        );
         assert_eq!(shm.size, Some("1Gi".parse().unwrap()));
     }
 

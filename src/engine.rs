@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use serde_json::{Value, value::RawValue};
 
 use crate::{
-    annotation::{InitTargets, Source, VolumeKind, VolumeRequest, validate_dns_label},
+    annotation::{
+        InitTargets, Medium, Source, VolumeKind, VolumeRequest, normalize_path, validate_dns_label,
+    },
     config::{CompiledSource, Config, OnError},
     patch::{Entry, EnvValue, MetadataWith, MountValue, Patch},
     pod::{ContainerView, PodView},
@@ -182,7 +184,7 @@ struct Planned<'a> {
     containers: Targets,
     init_containers: Targets,
     size: Option<Quantity>,
-    memory: bool,
+    medium: Medium,
     origin: Origin<'a>,
 }
 
@@ -444,7 +446,7 @@ fn resolve<'a>(
     let init = or_profile(init_containers, base, |b| b.init_containers.as_ref());
     let env = or_profile(env, base, |b| b.env.as_deref());
 
-    let (kind, volume, size, memory) = match source {
+    let (kind, volume, size, medium) = match source {
         Resolved::Compiled(c) => (
             c.kind,
             PlannedVolume::Profile {
@@ -453,7 +455,7 @@ fn resolve<'a>(
                 source: &c.json,
             },
             c.size,
-            c.memory,
+            c.medium,
         ),
         Resolved::Source(source) => {
             let mut source = source;
@@ -462,7 +464,7 @@ fn resolve<'a>(
             if let Some(size) = &size_override {
                 set_size(&mut source, size).map_err(invalid)?;
             }
-            let (size, memory) = size_of(&source).map_err(invalid)?;
+            let (size, medium) = size_of(&source).map_err(invalid)?;
 
             if checked && (!from_profile || size_override.is_some()) {
                 if !from_profile && !policy.types.contains(&kind) {
@@ -479,11 +481,16 @@ fn resolve<'a>(
                 if !from_profile {
                     check_allowlists(policy, &source).map_err(forbidden)?;
                 }
-                let max = match kind {
-                    VolumeKind::EmptyDir if memory => policy.max_memory.map(|m| (m, "memory")),
-                    VolumeKind::EmptyDir => policy.max_empty_dir.map(|m| (m, "emptyDir")),
-                    VolumeKind::Ephemeral => policy.max_ephemeral.map(|m| (m, "ephemeral")),
-                    VolumeKind::Csi => None,
+                // HugePages are sized by the pod's hugepages resources: no disk or memory cap.
+                let max = match (kind, medium) {
+                    (VolumeKind::EmptyDir, Medium::Memory) => {
+                        policy.max_memory.map(|m| (m, "memory"))
+                    }
+                    (VolumeKind::EmptyDir, Medium::Disk) => {
+                        policy.max_empty_dir.map(|m| (m, "emptyDir"))
+                    }
+                    (VolumeKind::Ephemeral, _) => policy.max_ephemeral.map(|m| (m, "ephemeral")),
+                    _ => None,
                 };
                 if let (Some((max, field)), Some(size)) = (max, size)
                     && size > max
@@ -495,13 +502,14 @@ fn resolve<'a>(
             }
             let mut size = size;
             if policy.require_size_limit
+                && medium != Medium::HugePages
                 && let Source::EmptyDir(e) = &mut source
                 && e.size_limit.is_none()
             {
                 e.size_limit = Some(K8sQuantity(policy.default_size_limit_text.clone()));
                 size = Some(policy.default_size_limit);
             }
-            (kind, PlannedVolume::Built { name, source }, size, memory)
+            (kind, PlannedVolume::Built { name, source }, size, medium)
         }
     };
 
@@ -534,6 +542,17 @@ fn resolve<'a>(
         }
     };
 
+    if medium == Medium::Memory && pod.is_windows() {
+        return Err(Denial {
+            reason: DenyReason::Conflict,
+            message: format!(
+                "{}: a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); \
+                 use a disk emptyDir",
+                at()
+            ),
+        });
+    }
+
     Ok(Planned {
         name,
         kind,
@@ -545,7 +564,7 @@ fn resolve<'a>(
         containers,
         init_containers,
         size,
-        memory,
+        medium,
         origin,
     })
 }
@@ -597,7 +616,7 @@ fn set_size(source: &mut Source, size: &str) -> Result<(), String> {
 /// A profile's source as the patch will carry it, with its size: computed once per load.
 pub(crate) fn compile_source(source: &Source) -> Result<CompiledSource, String> {
     let kind = kind_of(source)?;
-    let (size, memory) = size_of(source)?;
+    let (size, medium) = size_of(source)?;
     let json = match source {
         Source::EmptyDir(e) => serde_json::to_string(e),
         Source::Csi(c) => serde_json::to_string(c),
@@ -609,16 +628,17 @@ pub(crate) fn compile_source(source: &Source) -> Result<CompiledSource, String> 
         kind,
         json: RawValue::from_string(json).map_err(|e| e.to_string())?,
         size,
-        memory,
+        medium,
     })
 }
 
-/// The requested size (emptyDir sizeLimit or PVC storage request) and whether it is RAM.
-fn size_of(source: &Source) -> Result<(Option<Quantity>, bool), String> {
-    let parse = |q: &K8sQuantity| q.0.parse::<Quantity>().map_err(|e| format!("size: {e}"));
+/// The requested size (emptyDir sizeLimit or PVC storage request) and the emptyDir's medium.
+fn size_of(source: &Source) -> Result<(Option<Quantity>, Medium), String> {
+    let parse = |q: &K8sQuantity| crate::annotation::parse_size("size", &q.0).map_err(|e| e.0);
+    let medium = Medium::of(source);
     if let Source::EmptyDir(e) = source {
         let size = e.size_limit.as_ref().map(parse).transpose()?;
-        return Ok((size, e.medium.as_deref() == Some("Memory")));
+        return Ok((size, medium));
     }
     if let Source::Ephemeral(e) = source
         && let Some(t) = &e.volume_claim_template
@@ -631,9 +651,9 @@ fn size_of(source: &Source) -> Result<(Option<Quantity>, bool), String> {
             .and_then(|r| r.get("storage"))
             .map(parse)
             .transpose()?;
-        return Ok((size, false));
+        return Ok((size, medium));
     }
-    Ok((None, false))
+    Ok((None, medium))
 }
 
 fn check_allowlists(policy: &crate::config::Policy, source: &Source) -> Result<(), String> {
@@ -713,9 +733,10 @@ fn apply(
             Some(raw) => {
                 let existing: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
                 let desired = serde_json::to_value(&p.volume).unwrap_or(Value::Null);
-                if !subset(&desired, &existing, "") {
+                if let Err(differs) = same_volume(&desired, &existing) {
                     return Err(conflict(format!(
-                        "volume {:?} ({}): the pod already has a different volume with this name",
+                        "volume {:?} ({}): the pod already has a volume with this name, {differs}; \
+                         rename one of them",
                         p.name,
                         p.origin.describe(p.name)
                     )));
@@ -735,7 +756,14 @@ fn apply(
     )?;
     for p in &new_volumes {
         out.injected.push((p.name.to_owned(), p.kind));
-        if p.kind == VolumeKind::EmptyDir && p.memory && p.size.is_none() {
+        if let Some(size) = p.size.filter(|s| s.is_implausible_size()) {
+            out.warnings.push(format!(
+                "volume {}: size {size} is less than a kibibyte or a fraction of a byte; \
+                 did you mean Mi, Gi or M, G?",
+                p.name
+            ));
+        }
+        if p.medium == Medium::Memory && p.size.is_none() {
             out.warnings.push(format!(
                 "volume {}: a Memory emptyDir without a size can use all of the pod's memory; set size",
                 p.name
@@ -766,16 +794,17 @@ fn apply(
             new_mounts.clear();
             new_env.clear();
             for p in mine {
-                let want = normalize(&p.mount_path);
+                // One path, one spelling: `/scratch/`, `/scratch//` and `/./scratch` are `/scratch`.
+                let want = normalize_path(&p.mount_path);
                 let taken = c
                     .volume_mounts
                     .iter()
                     .flatten()
-                    .map(|m| (normalize(&m.mount_path), &*m.name))
+                    .map(|m| (normalize_path(&m.mount_path), &*m.name))
                     .chain(
                         new_mounts
                             .iter()
-                            .map(|m| (normalize(&m.mount_path), m.name)),
+                            .map(|m| (normalize_path(&m.mount_path), m.name)),
                     )
                     .find(|(path, _)| *path == want);
                 match taken {
@@ -889,8 +918,9 @@ fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
     let resources = c.resources.as_ref();
     let limits = resources.and_then(|r| r.limits.as_ref());
     let requests = resources.and_then(|r| r.requests.as_ref());
-    let quantity = |q: Option<&crate::pod::Str<'_>>| q.and_then(|q| q.parse::<Quantity>().ok());
-    if p.memory {
+    let quantity =
+        |q: Option<&crate::pod::QuantityText<'_>>| q.and_then(|q| q.parse::<Quantity>().ok());
+    if p.medium == Medium::Memory {
         if let (Some(size), Some(limit)) =
             (p.size, quantity(limits.and_then(|l| l.memory.as_ref())))
             && size > limit
@@ -900,7 +930,8 @@ fn warn_mount(p: &Planned, c: &ContainerView, out: &mut Outcome) {
                 p.name, c.name
             ));
         }
-    } else if p.size.is_none()
+    } else if p.medium == Medium::Disk
+        && p.size.is_none()
         && quantity(requests.and_then(|r| r.ephemeral_storage.as_ref())).is_none()
     {
         out.warnings.push(format!(
@@ -964,40 +995,63 @@ fn annotate(
     }
 }
 
-/// Mount paths compare without trailing slashes (`/scratch/` is `/scratch`).
-fn normalize(p: &str) -> &str {
-    let t = p.trim_end_matches('/');
-    if t.is_empty() { "/" } else { t }
-}
-
-/// Is everything we would write already there? The API server may have added defaults
-/// (`volumeMode: Filesystem`), dropped zero values (`medium: ""`) and canonicalised quantities
-/// (`1024Mi` → `1Gi`) since we wrote it, so this is a subset check, quantity-aware.
-fn subset(desired: &Value, existing: &Value, key: &str) -> bool {
-    match (desired, existing) {
-        (Value::Object(d), Value::Object(e)) => d.iter().all(|(k, v)| match e.get(k) {
-            Some(ev) => subset(v, ev, k),
-            None => is_zero(v),
-        }),
-        (Value::Array(d), Value::Array(e)) => {
-            d.len() == e.len() && d.iter().zip(e).all(|(a, b)| subset(a, b, key))
-        }
-        (Value::String(a), Value::String(b)) if a != b => {
-            matches!(key, "sizeLimit" | "storage")
-                && matches!((a.parse::<Quantity>(), b.parse::<Quantity>()), (Ok(x), Ok(y)) if x == y)
-        }
-        (d, e) => d == e,
+/// Is the pod's volume of this name the one we would write? Only an identical source counts:
+/// same kind, same fields. Identical allows for what the API server does between two calls of
+/// the webhook (reinvocation): it drops zero values (`medium: ""`, `readOnly: false`), adds
+/// `volumeClaimTemplate.metadata: {}` and `volumeMode: Filesystem`, and canonicalises
+/// quantities (`1024Mi` → `1Gi`). The error says how they differ.
+fn same_volume(desired: &Value, existing: &Value) -> Result<(), String> {
+    let source_of = |v: &Value| -> Option<(String, Value)> {
+        let obj = v.as_object()?;
+        let mut sources = obj.iter().filter(|(k, _)| k.as_str() != "name");
+        let (kind, source) = sources.next()?;
+        sources
+            .next()
+            .is_none()
+            .then(|| (kind.clone(), canonical(source, kind).unwrap_or(Value::Null)))
+    };
+    let (Some((want_kind, want)), Some((have_kind, have))) =
+        (source_of(desired), source_of(existing))
+    else {
+        return Err("which is not a single volume source".into());
+    };
+    if want_kind != have_kind {
+        return Err(format!("of kind {have_kind}, not {want_kind}"));
     }
+    if want != have {
+        return Err(format!(
+            "with other {have_kind} settings ({have} here, {want} asked)"
+        ));
+    }
+    Ok(())
 }
 
-fn is_zero(v: &Value) -> bool {
+/// A value as the API server would store it: zero values and defaults dropped, quantities in
+/// one spelling. `None` when nothing is left.
+fn canonical(v: &Value, key: &str) -> Option<Value> {
     match v {
-        Value::Null => true,
-        Value::Bool(b) => !b,
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::Object(o) => {
+            let kept: serde_json::Map<String, Value> = o
+                .iter()
+                .filter_map(|(k, v)| canonical(v, k).map(|v| (k.clone(), v)))
+                .collect();
+            (!kept.is_empty()).then_some(Value::Object(kept))
+        }
+        Value::Array(a) if a.is_empty() => None,
+        Value::Array(a) => Some(Value::Array(
+            a.iter()
+                .map(|v| canonical(v, "").unwrap_or(Value::Null))
+                .collect(),
+        )),
+        Value::Null | Value::Bool(false) => None,
+        Value::String(s) if s.is_empty() => None,
+        Value::String(s) if key == "volumeMode" && s == "Filesystem" => None,
+        Value::String(s) if matches!(key, "sizeLimit" | "storage") => Some(Value::String(
+            s.parse::<Quantity>()
+                .map_or_else(|_| s.clone(), |q| q.to_string()),
+        )),
+        Value::Number(n) if n.as_f64() == Some(0.0) => None,
+        other => Some(other.clone()),
     }
 }
 

@@ -60,6 +60,46 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+/// A resource quantity as written: a string, or a plain number as YAML and kubectl allow
+/// (`memory: 1073741824`; the API server's Quantity reads both).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantityText<'a>(pub Str<'a>);
+
+impl Deref for QuantityText<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for QuantityText<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = QuantityText<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quantity (a string such as \"1Gi\", or a number)")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(QuantityText(Str(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(QuantityText(Str(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(QuantityText(Str(Cow::Owned(v.to_string()))))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(QuantityText(Str(Cow::Owned(v.to_string()))))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(QuantityText(Str(Cow::Owned(v.to_string()))))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 pub type StrMap<'a> = BTreeMap<Str<'a>, Str<'a>>;
 
 #[derive(Debug, Default, Deserialize)]
@@ -93,6 +133,15 @@ pub struct SpecView<'a> {
     pub init_containers: Option<Vec<ContainerView<'a>>>,
     #[serde(borrow, default)]
     pub volumes: Option<Vec<&'a RawValue>>,
+    #[serde(borrow, default)]
+    pub os: Option<OsView<'a>>,
+}
+
+/// `spec.os`: a Windows pod cannot have a RAM disk.
+#[derive(Debug, Default, Deserialize)]
+pub struct OsView<'a> {
+    #[serde(borrow, default)]
+    pub name: Option<Str<'a>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -137,9 +186,9 @@ pub struct ResourcesView<'a> {
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourceList<'a> {
     #[serde(borrow, default)]
-    pub memory: Option<Str<'a>>,
+    pub memory: Option<QuantityText<'a>>,
     #[serde(borrow, default, rename = "ephemeral-storage")]
-    pub ephemeral_storage: Option<Str<'a>>,
+    pub ephemeral_storage: Option<QuantityText<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -171,6 +220,15 @@ impl<'a> PodView<'a> {
             (_, Some(g)) => Cow::Owned(format!("{g}*")),
             _ => Cow::Borrowed(""),
         }
+    }
+
+    /// `spec.os.name: windows`.
+    pub fn is_windows(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.os.as_ref())
+            .and_then(|o| o.name.as_deref())
+            == Some("windows")
     }
 
     pub fn containers(&self) -> &[ContainerView<'a>] {

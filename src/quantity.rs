@@ -26,6 +26,16 @@ impl Quantity {
             millis: u128::from(bytes) * 1000,
         }
     }
+
+    pub fn is_zero(self) -> bool {
+        self.millis == 0
+    }
+
+    /// A size that is almost certainly a slip: a fraction of a byte (`100m`, a tenth of one),
+    /// or under a kibibyte.
+    pub fn is_implausible_size(self) -> bool {
+        !self.millis.is_multiple_of(1000) || self.millis < 1024 * 1000
+    }
 }
 
 impl FromStr for Quantity {

@@ -90,6 +90,9 @@ pub enum Verdict {
     /// A patch was returned (possibly only the status annotation under `onError: warn`).
     Mutated,
     Denied(DenyReason),
+    /// `onError: warn`: the pod could not be served and is admitted unchanged, with the status
+    /// annotation (already there when the API server calls again: still this verdict).
+    AdmittedDespiteError(DenyReason),
 }
 
 /// The response and what the decision log and metrics need, borrowing from the request body.
@@ -176,10 +179,11 @@ fn decide<'a>(cfg: &Config, review: ReviewIn<'a, PodView<'a>>) -> Result<Handled
         _ => Outcome::default(),
     };
     handled.body = encode(review.api_version, review.kind, req.uid, &outcome)?;
-    handled.verdict = match (&outcome.denial, outcome.allowed(), outcome.patch.is_empty()) {
-        (Some(d), false, _) => Verdict::Denied(d.reason),
-        (_, _, false) => Verdict::Mutated,
-        _ => Verdict::Unchanged,
+    handled.verdict = match (&outcome.denial, outcome.admitted_despite_error) {
+        (Some(d), false) => Verdict::Denied(d.reason),
+        (Some(d), true) => Verdict::AdmittedDespiteError(d.reason),
+        (None, _) if outcome.patch.is_empty() => Verdict::Unchanged,
+        (None, _) => Verdict::Mutated,
     };
     handled.message = outcome.denial.map(|d| d.message);
     handled.injected = outcome.injected;

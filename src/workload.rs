@@ -46,6 +46,30 @@ pub fn parse_object(text: &str) -> Result<Value, WorkloadError> {
     Ok(value)
 }
 
+/// Parses what kubectl takes: one object, a multi-document YAML stream (empty documents
+/// skipped) or a `kind: List`, in order.
+pub fn parse_objects(text: &str) -> Result<Vec<Value>, WorkloadError> {
+    use serde::Deserialize as _;
+    let mut out = Vec::new();
+    for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(doc)
+            .map_err(|e| WorkloadError::Parse(format!("document {}: {e}", i + 1)))?;
+        match value {
+            Value::Null => {}
+            v if v.get("kind").and_then(Value::as_str) == Some("List") => match v.get("items") {
+                Some(Value::Array(items)) => out.extend(items.iter().cloned()),
+                _ => return Err(WorkloadError::NotAnObject),
+            },
+            v if v.get("kind").and_then(Value::as_str).is_some() => out.push(v),
+            _ => return Err(WorkloadError::NotAnObject),
+        }
+    }
+    if out.is_empty() {
+        return Err(WorkloadError::NotAnObject);
+    }
+    Ok(out)
+}
+
 pub struct Preview {
     pub outcome: Outcome,
     pub mutated: Value,

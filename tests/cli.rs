@@ -236,3 +236,68 @@ fn check_config_lists_every_error() {
     let out = run(&["check-config", "/nonexistent.yaml"], None);
     assert_eq!(out.status.code(), Some(2));
 }
+
+const STREAM: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: first, annotations: {ephemeral-volumes.io/shm: "type=emptyDir,medium=Memory,size=2Gi,mountPath=/dev/shm"}}
+spec:
+  containers:
+    - name: main
+      image: busybox
+      resources: {limits: {memory: 1073741824}, requests: {ephemeral-storage: 10737418240}}
+---
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: second}
+spec:
+  template:
+    metadata: {annotations: {ephemeral-volumes.io/scratch: "type=emptyDir,mountPath=/scratch,size=1Gi"}}
+    spec: {restartPolicy: Never, containers: [{name: main, image: busybox}]}
+"#;
+
+#[test]
+fn mutate_takes_a_multi_document_stream_with_integer_quantities_as_kubectl_does() {
+    let out = run(&["mutate", "-f", "-", "-o", "json"], Some(STREAM));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(
+        items.len(),
+        2,
+        "the empty document is skipped, the order kept"
+    );
+    assert_eq!(items[0]["spec"]["volumes"][0]["name"], "shm");
+    assert_eq!(
+        items[1]["spec"]["template"]["spec"]["volumes"][0]["name"],
+        "scratch"
+    );
+    // The integer memory limit (1 GiB) was read: the 2Gi RAM disk is over it.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("document 1 (Pod/first): volume shm: Memory emptyDir size 2Gi exceeds the memory limit 1Gi"),
+        "{stderr}"
+    );
+
+    let out = run(&["mutate", "-f", "-", "-o", "yaml"], Some(STREAM));
+    let docs = text(&out.stdout);
+    assert_eq!(docs.matches("---\n").count(), 2, "{docs}");
+
+    let out = run(&["mutate", "-f", "-", "-o", "patch"], Some(STREAM));
+    let patches: Vec<Vec<Value>> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(patches.len(), 2);
+    assert_eq!(patches[1][0]["path"], "/spec/template/spec/volumes");
+
+    // One denied document: exit 1, and the message says which document.
+    let bad = STREAM.replace("size=1Gi", "size=0");
+    let out = run(&["mutate", "-f", "-"], Some(&bad));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("document 2 (Job/second): annotation ephemeral-volumes.io/scratch"),
+        "{}",
+        text(&out.stderr)
+    );
+}

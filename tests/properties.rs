@@ -151,6 +151,7 @@ rules:
 policy:
   maxSize: {emptyDir: 100Gi, memory: 2Gi}
   requireSizeLimit: true
+  defaultSizeLimit: 1Gi
 "#,
     )
     .unwrap()

@@ -440,6 +440,7 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                 Verdict::Unchanged => "unchanged",
                 Verdict::Mutated => "mutated",
                 Verdict::Denied(_) => "denied",
+                Verdict::AdmittedDespiteError(_) => "admitted-on-error",
             };
             m.requests.get_or_create(&ResultLabel { result }).inc();
             for (_, kind) in &h.injected {
@@ -459,24 +460,24 @@ async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                     tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
                         reason = reason.as_str(), denial = h.message.as_deref().unwrap_or_default(), "denied");
                 }
+                Verdict::AdmittedDespiteError(reason) => {
+                    m.denials
+                        .get_or_create(&ReasonLabel {
+                            reason: "admitted-on-error",
+                        })
+                        .inc();
+                    tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                        reason = reason.as_str(), denial = h.message.as_deref().unwrap_or_default(),
+                        "admitted without volumes (onError: warn)");
+                }
                 Verdict::Mutated => {
-                    if let Some(message) = &h.message {
-                        m.denials
-                            .get_or_create(&ReasonLabel {
-                                reason: "admitted-on-error",
-                            })
-                            .inc();
-                        tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                            denial = %message, "admitted without volumes (onError: warn)");
-                    } else {
-                        let volumes = h
-                            .injected
-                            .iter()
-                            .map(|(n, _)| n.as_str())
-                            .collect::<Vec<_>>();
-                        tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                            volumes = %volumes.join(","), "mutated");
-                    }
+                    let volumes = h
+                        .injected
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>();
+                    tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                        volumes = %volumes.join(","), "mutated");
                 }
                 Verdict::Unchanged => {
                     tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, "unchanged");

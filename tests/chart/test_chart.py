@@ -228,6 +228,32 @@ def test_a_bad_configuration_in_values_is_caught_by_check_config(tmp_path):
     assert "profiles.x: unknown field emptyDir.sizeLimt" in p.stderr
 
 
+@pytest.mark.parametrize("config,want", [
+    ({"rules": [{"name": "r", "volumes": {"s": "type=emptyDir,size=1Gi"}}]},
+     "rules[0] (r).volumes.s: no mountPath; every pod the rule matches would be denied"),
+    ({"profiles": {"p": {"emptyDir": {}}}, "rules": [{"name": "r", "volumes": {"s": {"profile": "p"}}}]},
+     "no mountPath: profile \"p\" does not set one"),
+    ({"policy": {"requireSizeLimit": True, "maxSize": {"memory": "1Gi"}}},
+     "policy.defaultSizeLimit 10Gi exceeds policy.maxSize.memory 1Gi"),
+])
+def test_configurations_that_would_deny_every_matching_pod_are_refused(tmp_path, config, want):
+    cm = by_kind(render(values={"config": config}), "ConfigMap")[0]
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    p = subprocess.run([str(BINARY), "check-config", str(path)], capture_output=True, text=True)
+    assert p.returncode == 1, p.stdout
+    assert want in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("config", [
+    {"rules": [{"name": "r", "namespaces": [], "volumes": {"s": "type=emptyDir,mountPath=/s"}}]},
+    {"rules": [{"name": "r", "volumes": {}}]},
+])
+def test_rules_that_match_or_inject_nothing_fail_the_schema(config):
+    p = render(values={"config": config}, check=False)
+    assert p.returncode != 0 and "schema" in p.stderr.lower(), p.stderr
+
+
 def test_config_checksum_rolls_pods_only_without_hot_reload():
     annotations = deployment(render())["spec"]["template"]["metadata"].get("annotations") or {}
     assert "checksum/config" not in annotations

@@ -253,8 +253,11 @@ def test_reinvocation_after_a_later_mutator_adds_a_container(cluster, release):
 
         def created():
             # The policy takes effect once the API server's policy informer has it.
+            # On the second call the API server has defaulted and canonicalised what we added
+            # (volumeMode, template metadata, 1024Gi -> 1Ti): still the same volume, not a conflict.
             p = cluster.create_pod(pod(namespace=ns, annotations={
-                f"{P}/scratch": "type=emptyDir,mountPath=/scratch,size=1Gi,env=TMPDIR"}))
+                f"{P}/scratch": "type=emptyDir,mountPath=/scratch,size=1024Mi,env=TMPDIR",
+                f"{P}/disk": "type=ephemeral,storageClass=gp3,size=1024Gi,mountPath=/disk"}))
             return p if len(p["spec"]["containers"]) == 2 else cluster.kubectl(
                 "delete", "pod", p["metadata"]["name"], "-n", ns, "--wait=false") and None
 
@@ -265,8 +268,12 @@ def test_reinvocation_after_a_later_mutator_adds_a_container(cluster, release):
         assert mounts_by_path(added)["/scratch"]["name"] == "scratch"
         assert {"name": "TMPDIR", "value": "/scratch"} in added["env"]
         assert mounts_by_path(main)["/scratch"]["name"] == "scratch"
-        assert [v["name"] for v in stored["spec"]["volumes"]].count("scratch") == 1
-        assert stored["metadata"]["annotations"][INJECTED] == "scratch"
+        assert mounts_by_path(added)["/disk"]["name"] == "disk"
+        names = [v["name"] for v in stored["spec"]["volumes"]]
+        assert names.count("scratch") == 1 and names.count("disk") == 1
+        assert volumes_by_name(stored)["disk"]["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"] == {
+            "requests": {"storage": "1Ti"}}
+        assert stored["metadata"]["annotations"][INJECTED] == "disk,scratch"
         assert release.webhook.metric("evi_admission_requests_total") - calls >= 2
     finally:
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
@@ -288,3 +295,54 @@ def test_kubectl_debug_on_a_mutated_pod_is_neither_refused_nor_changed(cluster, 
     assert after["spec"]["volumes"] == stored["spec"]["volumes"]
     assert after["spec"]["containers"] == stored["spec"]["containers"]
     assert release.webhook.metric("evi_admission_requests_total") == calls
+
+
+# === What the API server would refuse, the webhook refuses first, naming the annotation ===
+
+PVC_SPEC = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+REFUSED_BY_BOTH = [
+    ("template metadata other than labels and annotations",
+     {"ephemeral": {"volumeClaimTemplate": {"metadata": {"name": "x"}, "spec": PVC_SPEC}}}),
+    ("a misspelt volumeMode",
+     {"ephemeral": {"volumeClaimTemplate": {"spec": {**PVC_SPEC, "volumeMode": "FileSystem"}}}}),
+    ("an unknown access mode",
+     {"ephemeral": {"volumeClaimTemplate": {"spec": {**PVC_SPEC, "accessModes": ["ReadWriteSometimes"]}}}}),
+    ("no storage request",
+     {"ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}}),
+    ("a zero storage request",
+     {"ephemeral": {"volumeClaimTemplate": {"spec": {**PVC_SPEC, "resources": {"requests": {"storage": "0"}}}}}}),
+    ("a storage class that is not a DNS subdomain",
+     {"ephemeral": {"volumeClaimTemplate": {"spec": {**PVC_SPEC, "storageClassName": "GP3"}}}}),
+    ("a bad template label", {"ephemeral": {"volumeClaimTemplate": {
+        "metadata": {"labels": {"bad key!": "x"}}, "spec": PVC_SPEC}}}),
+    ("a CSI driver name that is not a DNS subdomain", {"csi": {"driver": "Secrets_Store"}}),
+    ("a CSI driver name over 63 characters", {"csi": {"driver": "a" * 61 + ".io"}}),
+]
+
+
+@pytest.mark.parametrize("label,source", REFUSED_BY_BOTH, ids=[c[0] for c in REFUSED_BY_BOTH])
+def test_what_the_api_server_refuses_is_refused_by_the_webhook_first(cluster, release, label, source):
+    ns = cluster.namespace("nf")
+    # The API server itself, with the volume written into the pod (no annotation: not sent).
+    raw = pod(name="raw", namespace=ns)
+    raw["spec"]["volumes"] = [{"name": "scratch", **source}]
+    raw["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+    direct = cluster.create(raw, "--dry-run=server", check=False)
+    assert direct.returncode != 0 and "is invalid" in direct.stderr, f"{label}: the API server accepted it"
+    # The same volume asked for in the JSON form: refused by the webhook, naming the annotation.
+    asked = pod(name="asked", namespace=ns, annotations={f"{P}/scratch": json.dumps({"mountPath": "/scratch", **source})})
+    refused = cluster.create(asked, "--dry-run=server", check=False)
+    assert refused.returncode != 0, f"{label}: the webhook let it through to the API server"
+    assert "denied the request" in refused.stderr and f"annotation {P}/scratch" in refused.stderr, refused.stderr
+
+
+def test_a_misspelt_medium_that_the_api_server_stores_is_refused_by_the_webhook(cluster, release):
+    """The API server does not check emptyDir.medium: `memory` is stored and fails at the
+    kubelet, with the pod stuck in ContainerCreating. The webhook refuses it at admission."""
+    ns = cluster.namespace("nf")
+    raw = pod(name="raw-medium", namespace=ns)
+    raw["spec"]["volumes"] = [{"name": "shm", "emptyDir": {"medium": "memory"}}]
+    assert cluster.create(raw, "--dry-run=server", check=False).returncode == 0
+    asked = pod(name="asked-medium", namespace=ns, annotations={f"{P}/shm": "type=emptyDir,medium=memory,mountPath=/dev/shm"})
+    refused = cluster.create(asked, "--dry-run=server", check=False)
+    assert refused.returncode != 0 and "is not one of" in refused.stderr and "memory" in refused.stderr, refused.stderr

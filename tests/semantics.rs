@@ -1,0 +1,585 @@
+//! The rules the webhook's decisions must always follow, one table per rule, each case with
+//! the message a user gets. Driven through the AdmissionReview codec, as the API server calls it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use evi::{
+    config::{Config, ConfigError},
+    review::{self, Verdict},
+};
+use serde_json::{Value, json};
+
+/// A Nextflow task pod as the API server sends it: defaulted, with its work PVC mounted.
+fn pod(annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "nf-", "namespace": "nf", "annotations": annotations,
+                     "labels": {"nextflow.io/app": "nextflow"}},
+        "spec": {
+            "containers": [{
+                "name": "main", "image": "quay.io/nextflow/bash",
+                "resources": {"requests": {"memory": "4Gi", "ephemeral-storage": "10Gi"},
+                              "limits": {"memory": "4Gi"}},
+                "volumeMounts": [{"name": "vol-1", "mountPath": "/workspace"},
+                                 {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}],
+            }],
+            "volumes": [{"name": "vol-1", "persistentVolumeClaim": {"claimName": "nf-work"}},
+                        {"name": "kube-api-access-x7k2p", "projected": {"sources": []}}],
+        }
+    })
+}
+
+struct Decision {
+    verdict: Verdict,
+    code: Option<u64>,
+    message: String,
+    warnings: Vec<String>,
+    mutated: Value,
+}
+
+fn decide(cfg: &Config, pod: &Value) -> Decision {
+    let request = common::review_for(pod, "nf", "5e0c1a2b-0000-4000-8000-00000000000a");
+    let body = serde_json::to_vec(&request).unwrap();
+    let handled = review::handle(cfg, &body).unwrap();
+    let response: Value = serde_json::from_slice(&handled.body).unwrap();
+    let r = &response["response"];
+    Decision {
+        verdict: handled.verdict.clone(),
+        code: r["status"]["code"].as_u64(),
+        message: r["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        warnings: r["warnings"]
+            .as_array()
+            .map(|w| w.iter().map(|w| w.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default(),
+        mutated: common::apply_response(&request, &response, pod),
+    }
+}
+
+fn cfg(yaml: &str) -> Config {
+    Config::parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"))
+}
+
+fn config_errors(yaml: &str) -> String {
+    match Config::parse(yaml) {
+        Err(ConfigError::Invalid(errors)) => errors.join("\n"),
+        other => panic!("{yaml}: expected an invalid configuration, got {other:?}"),
+    }
+}
+
+fn with_volume(volume: Value, annotation: &str) -> Value {
+    let mut p = pod(json!({"ephemeral-volumes.io/scratch": annotation}));
+    p["spec"]["volumes"].as_array_mut().unwrap().push(volume);
+    p
+}
+
+// === rule 1: an existing volume is reused only when it is what we would inject ===
+
+#[test]
+fn an_existing_volume_of_the_same_name_is_reused_only_when_identical() {
+    let c = Config::default();
+    // (existing volume, annotation, refused with)
+    for (existing, annotation, refused) in [
+        (
+            json!({"name": "scratch", "persistentVolumeClaim": {"claimName": "data"}}),
+            "type=emptyDir,mountPath=/other",
+            Some("of kind persistentVolumeClaim, not emptyDir"),
+        ),
+        (
+            json!({"name": "scratch", "hostPath": {"path": "/var/lib"}}),
+            "type=emptyDir,mountPath=/other",
+            Some("of kind hostPath, not emptyDir"),
+        ),
+        (
+            json!({"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}),
+            "type=emptyDir,mountPath=/other",
+            Some("with other emptyDir settings"),
+        ),
+        (
+            json!({"name": "scratch", "emptyDir": {"sizeLimit": "64Gi"}}),
+            "type=emptyDir,mountPath=/other,size=1Gi",
+            Some("with other emptyDir settings"),
+        ),
+        (
+            json!({"name": "scratch", "csi": {"driver": "other.csi.k8s.io"}}),
+            "type=csi,driver=secrets-store.csi.k8s.io,mountPath=/s",
+            Some("with other csi settings"),
+        ),
+        (
+            json!({"name": "scratch", "emptyDir": {}}),
+            "type=ephemeral,size=1Gi,mountPath=/s",
+            Some("of kind emptyDir, not ephemeral"),
+        ),
+        // Identical, allowing for what the API server does between two calls.
+        (
+            json!({"name": "scratch", "emptyDir": {}}),
+            "type=emptyDir,mountPath=/s",
+            None,
+        ),
+        (
+            json!({"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}),
+            "type=emptyDir,mountPath=/s,size=1024Mi",
+            None,
+        ),
+        (
+            json!({"name": "scratch", "emptyDir": {"medium": "", "sizeLimit": "1Gi"}}),
+            "type=emptyDir,mountPath=/s,size=1Gi",
+            None,
+        ),
+        (
+            json!({"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"metadata": {}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+            "resources": {"requests": {"storage": "1Ti"}}}}}}),
+            "type=ephemeral,size=1024Gi,mountPath=/s",
+            None,
+        ),
+    ] {
+        let d = decide(&c, &with_volume(existing.clone(), annotation));
+        match refused {
+            Some(why) => {
+                assert_eq!(
+                    d.verdict,
+                    Verdict::Denied(evi::engine::DenyReason::Conflict),
+                    "{existing} / {annotation}"
+                );
+                assert_eq!(d.code, Some(422));
+                assert!(
+                    d.message.contains("volume \"scratch\"") && d.message.contains(why),
+                    "{existing} / {annotation}: {}",
+                    d.message
+                );
+                assert_eq!(
+                    d.mutated,
+                    with_volume(existing, annotation),
+                    "nothing is patched"
+                );
+            }
+            None => {
+                assert_eq!(
+                    d.verdict,
+                    Verdict::Mutated,
+                    "{existing} / {annotation}: {}",
+                    d.message
+                );
+                let vols = d.mutated["spec"]["volumes"].as_array().unwrap();
+                assert_eq!(vols.iter().filter(|v| v["name"] == "scratch").count(), 1);
+            }
+        }
+    }
+}
+
+// === rule 2: a configuration that would deny pods that did not ask is refused at load ===
+
+#[test]
+fn configurations_that_can_never_inject_are_refused_naming_the_place() {
+    for (yaml, want) in [
+        (
+            "rules: [{name: r, volumes: {scratch: \"type=emptyDir,size=1Gi\"}}]",
+            "rules[0] (r).volumes.scratch: no mountPath; every pod the rule matches would be denied",
+        ),
+        (
+            "profiles: {p: {emptyDir: {}}}\nrules: [{name: r, volumes: {scratch: {profile: p}}}]",
+            "rules[0] (r).volumes.scratch: no mountPath: profile \"p\" does not set one",
+        ),
+        (
+            "rules: [{name: r, namespaces: [], volumes: {s: \"type=emptyDir,mountPath=/s\"}}]",
+            "rules[0] (r).namespaces is empty, so the rule matches no pod",
+        ),
+        (
+            "rules: [{name: r, volumes: {}}]",
+            "rules[0] (r).volumes is empty",
+        ),
+        ("rules: [{name: r}]", "rules[0] (r).volumes is empty"),
+        (
+            "policy: {maxVolumesPerPod: 1}\nrules: [{name: r, volumes: {a: \"type=emptyDir,mountPath=/a\", b: \"type=emptyDir,mountPath=/b\"}}]",
+            "more than policy.maxVolumesPerPod (1)",
+        ),
+        (
+            "profiles: {s: {mountPath: /s, csi: {driver: x.csi.k8s.io}}}\nrules: [{name: r, volumes: {s: \"profile=s,size=1Gi\"}}]",
+            "size does not apply to profile \"s\", a CSI inline volume",
+        ),
+    ] {
+        let errors = config_errors(yaml);
+        assert!(
+            errors.contains(want),
+            "{yaml}\nwant: {want}\ngot:  {errors}"
+        );
+    }
+}
+
+// === rule 4: a size limit is a limit ===
+
+#[test]
+fn zero_sizes_are_refused_everywhere() {
+    let c = Config::default();
+    for annotation in [
+        "type=emptyDir,mountPath=/s,size=0",
+        "type=emptyDir,mountPath=/s,size=0Gi",
+        "type=ephemeral,mountPath=/s,size=0",
+        r#"{"mountPath":"/s","emptyDir":{"sizeLimit":"0"}}"#,
+        r#"{"mountPath":"/s","ephemeral":{"volumeClaimTemplate":{"spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"0Mi"}}}}}}"#,
+    ] {
+        let d = decide(
+            &c,
+            &pod(json!({"ephemeral-volumes.io/scratch": annotation})),
+        );
+        assert_eq!(d.code, Some(400), "{annotation}");
+        assert!(
+            d.message.contains("is zero, which is no limit at all"),
+            "{annotation}: {}",
+            d.message
+        );
+    }
+    for yaml in [
+        "policy: {maxSize: {emptyDir: \"0\"}}",
+        "profiles: {z: {mountPath: /z, emptyDir: {sizeLimit: \"0\"}}}",
+    ] {
+        assert!(config_errors(yaml).contains("is zero"), "{yaml}");
+    }
+}
+
+#[test]
+fn default_size_limits_respect_every_cap_and_skip_huge_pages() {
+    let errors = config_errors(
+        "policy: {requireSizeLimit: true, defaultSizeLimit: 10Gi, maxSize: {memory: 8Gi}}",
+    );
+    assert!(
+        errors.contains("policy.defaultSizeLimit 10Gi exceeds policy.maxSize.memory 8Gi"),
+        "{errors}"
+    );
+
+    let c =
+        cfg("policy: {requireSizeLimit: true, defaultSizeLimit: 1Gi, maxSize: {emptyDir: 2Gi}}");
+    // HugePages are not disk: no disk cap, no disk default, no disk warning.
+    let p = pod(
+        json!({"ephemeral-volumes.io/hp": "type=emptyDir,medium=HugePages-2Mi,mountPath=/hugepages,size=4Gi"}),
+    );
+    let d = decide(&c, &p);
+    assert_eq!(d.verdict, Verdict::Mutated, "{}", d.message);
+    let vol = d.mutated["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "hp")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        vol["emptyDir"],
+        json!({"medium": "HugePages-2Mi", "sizeLimit": "4Gi"})
+    );
+    let mut p = pod(
+        json!({"ephemeral-volumes.io/hp": "type=emptyDir,medium=HugePages,mountPath=/hugepages"}),
+    );
+    p["spec"]["containers"][0]["resources"] = json!({});
+    let d = decide(&c, &p);
+    let vol = d.mutated["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "hp")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        vol["emptyDir"],
+        json!({"medium": "HugePages"}),
+        "no disk default for huge pages"
+    );
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    // A disk emptyDir over the cap is refused.
+    let d = decide(
+        &c,
+        &pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s,size=4Gi"})),
+    );
+    assert_eq!(d.code, Some(403));
+    assert!(
+        d.message.contains("exceeds policy.maxSize.emptyDir (2Gi)"),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
+fn sizes_that_are_almost_certainly_slips_are_warned_about() {
+    let c = Config::default();
+    for (size, warned) in [
+        ("100m", true),
+        ("512", true),
+        ("100M", false),
+        ("1Mi", false),
+        ("20Gi", false),
+    ] {
+        let d = decide(
+            &c,
+            &pod(
+                json!({"ephemeral-volumes.io/s": format!("type=emptyDir,mountPath=/s,size={size}")}),
+            ),
+        );
+        assert_eq!(d.verdict, Verdict::Mutated, "{size}");
+        let w = d
+            .warnings
+            .iter()
+            .any(|w| w.contains("less than a kibibyte or a fraction of a byte"));
+        assert_eq!(w, warned, "{size}: {:?}", d.warnings);
+    }
+}
+
+// === rule 5: one path, one spelling ===
+
+#[test]
+fn mount_paths_have_one_spelling() {
+    let c = Config::default();
+    for (annotation, code, want) in [
+        ("type=emptyDir,mountPath=/", 400, "is the container's root"),
+        ("type=emptyDir,mountPath=//", 400, "is the container's root"),
+        (
+            "type=emptyDir,mountPath=/./",
+            400,
+            "is the container's root",
+        ),
+        (
+            "type=emptyDir,mountPath=/workspace/",
+            422,
+            "already mounts volume \"vol-1\" at /workspace",
+        ),
+        (
+            "type=emptyDir,mountPath=//workspace",
+            422,
+            "already mounts volume \"vol-1\" at /workspace",
+        ),
+        (
+            "type=emptyDir,mountPath=/./workspace/.",
+            422,
+            "already mounts volume \"vol-1\" at /workspace",
+        ),
+    ] {
+        let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": annotation})));
+        assert_eq!(d.code, Some(code), "{annotation}: {}", d.message);
+        assert!(d.message.contains(want), "{annotation}: {}", d.message);
+    }
+    // Two new volumes at one path, spelt two ways.
+    let d = decide(
+        &c,
+        &pod(
+            json!({"ephemeral-volumes.io/a": "type=emptyDir,mountPath=/scratch/",
+                                  "ephemeral-volumes.io/b": "type=emptyDir,mountPath=/scratch//"}),
+        ),
+    );
+    assert_eq!(d.code, Some(422), "{}", d.message);
+    // The path is written in its one spelling.
+    let d = decide(
+        &c,
+        &pod(json!({"ephemeral-volumes.io/a": "type=emptyDir,mountPath=/scratch//tmp/./"})),
+    );
+    let mounts = d.mutated["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        mounts.contains(&json!({"name": "a", "mountPath": "/scratch/tmp"})),
+        "{mounts:?}"
+    );
+}
+
+// === rule 6: the JSON form is as strict as key=value ===
+
+#[test]
+fn a_repeated_json_key_is_an_error_naming_the_field() {
+    let c = Config::default();
+    for (annotation, field) in [
+        (
+            r#"{"mountPath":"/a","mountPath":"/b","emptyDir":{}}"#,
+            "field mountPath is given twice",
+        ),
+        (
+            r#"{"mountPath":"/a","emptyDir":{"sizeLimit":"1Gi","sizeLimit":"9Ti"}}"#,
+            "field emptyDir.sizeLimit is given twice",
+        ),
+        (
+            r#"{"mountPath":"/a","csi":{"driver":"d.io","volumeAttributes":{"k":"1","k":"2"}}}"#,
+            "field csi.volumeAttributes.k is given twice",
+        ),
+    ] {
+        let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": annotation})));
+        assert_eq!(d.code, Some(400), "{annotation}");
+        assert!(
+            d.message.contains("annotation ephemeral-volumes.io/s") && d.message.contains(field),
+            "{annotation}: {}",
+            d.message
+        );
+    }
+    assert!(
+        config_errors("profiles:\n  p: {mountPath: /a, mountPath: /b, emptyDir: {}}\n")
+            .contains("mountPath")
+    );
+}
+
+// === rule 7: what the API server would refuse later is refused now ===
+
+#[test]
+fn what_the_api_server_would_refuse_is_refused_naming_the_annotation() {
+    let c = Config::default();
+    for (annotation, want) in [
+        (
+            r#"{"mountPath":"/s","ephemeral":{"volumeClaimTemplate":{"metadata":{"name":"x"},"spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"1Gi"}}}}}}"#,
+            "ephemeral.volumeClaimTemplate.metadata.name cannot be set for an ephemeral volume",
+        ),
+        (
+            r#"{"mountPath":"/s","ephemeral":{"volumeClaimTemplate":{"metadata":{"namespace":"x"},"spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"1Gi"}}}}}}"#,
+            "metadata.namespace cannot be set",
+        ),
+        (
+            r#"{"mountPath":"/s","ephemeral":{"volumeClaimTemplate":{"metadata":{"labels":{"bad key!":"x"}},"spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"1Gi"}}}}}}"#,
+            "is not a valid key",
+        ),
+        (
+            r#"{"mountPath":"/s","ephemeral":{"volumeClaimTemplate":{"spec":{"volumeMode":"FileSystem","accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"1Gi"}}}}}}"#,
+            "volumeMode \"FileSystem\" is not Filesystem",
+        ),
+        (
+            "type=ephemeral,size=1Gi,accessMode=ReadWriteSometimes,mountPath=/s",
+            "accessMode \"ReadWriteSometimes\"",
+        ),
+        (
+            "type=ephemeral,size=1Gi,storageClass=GP3,mountPath=/s",
+            "storageClass \"GP3\"",
+        ),
+        (
+            "type=emptyDir,medium=memory,mountPath=/s",
+            "medium \"memory\"",
+        ),
+        (
+            "type=csi,driver=Secrets_Store,mountPath=/s",
+            "CSI driver \"Secrets_Store\"",
+        ),
+        (
+            &format!("type=csi,driver={}.io,mountPath=/s", "a".repeat(61)),
+            "longer than 63 characters",
+        ),
+        (
+            "type=emptyDir,mountPath=/s,subPath=/abs",
+            "subPath \"/abs\" must be a relative path",
+        ),
+        (
+            "type=emptyDir,mountPath=/s,subPath=a/../b",
+            "must not contain '..'",
+        ),
+        (
+            "type=emptyDir,mountPath=relative",
+            "must be an absolute path",
+        ),
+    ] {
+        let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": annotation})));
+        assert_eq!(d.code, Some(400), "{annotation}: {}", d.message);
+        assert!(
+            d.message.contains("annotation ephemeral-volumes.io/s") && d.message.contains(want),
+            "{annotation}: {}",
+            d.message
+        );
+    }
+}
+
+// === rule 8: Windows pods never get a RAM disk ===
+
+#[test]
+fn a_windows_pod_is_refused_a_memory_medium() {
+    let c = Config::default();
+    let mut p = pod(
+        json!({"ephemeral-volumes.io/shm": "type=emptyDir,medium=Memory,size=1Gi,mountPath=/dev/shm"}),
+    );
+    p["spec"]["os"] = json!({"name": "windows"});
+    let d = decide(&c, &p);
+    assert_eq!(d.code, Some(422));
+    assert!(
+        d.message.contains("cannot be mounted in a Windows pod"),
+        "{}",
+        d.message
+    );
+    // A disk emptyDir is fine on Windows; a RAM disk is fine on Linux.
+    let mut p =
+        pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,size=1Gi,mountPath=C:/scratch"}));
+    p["spec"]["os"] = json!({"name": "windows"});
+    assert_eq!(
+        decide(&c, &p).code,
+        Some(400),
+        "':' stays refused in mount paths"
+    );
+    let mut p = pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,size=1Gi,mountPath=/scratch"}));
+    p["spec"]["os"] = json!({"name": "windows"});
+    assert_eq!(decide(&c, &p).verdict, Verdict::Mutated);
+    let mut p = pod(
+        json!({"ephemeral-volumes.io/shm": "type=emptyDir,medium=Memory,size=1Gi,mountPath=/dev/shm"}),
+    );
+    p["spec"]["os"] = json!({"name": "linux"});
+    assert_eq!(decide(&c, &p).verdict, Verdict::Mutated);
+}
+
+// === rule 9: onError: warn under reinvocation ===
+
+#[test]
+fn on_error_warn_counts_a_reinvoked_pod_like_the_first_time() {
+    let c = cfg("onError: warn");
+    let p = pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,mountpath=/s"}));
+    let first = decide(&c, &p);
+    assert!(
+        matches!(first.verdict, Verdict::AdmittedDespiteError(_)),
+        "{:?}",
+        first.verdict
+    );
+    let error = &first.mutated["metadata"]["annotations"]["injector.ephemeral-volumes.io/error"];
+    assert!(
+        error
+            .as_str()
+            .unwrap()
+            .contains("unknown field \"mountpath\""),
+        "{error}"
+    );
+    // The API server calls again with the status annotation in place: nothing to patch, but the
+    // same verdict (logged and counted), not "unchanged".
+    let again = decide(&c, &first.mutated);
+    assert_eq!(again.verdict, first.verdict);
+    assert_eq!(again.mutated, first.mutated);
+    assert!(
+        again
+            .warnings
+            .iter()
+            .any(|w| w.contains("volumes not injected"))
+    );
+}
+
+// === rule 10: check-config lists every error, type errors included ===
+
+#[test]
+fn check_config_lists_every_error_including_type_errors() {
+    let errors = config_errors(
+        r#"
+onError: maybe
+annotationPrefix: [not, a, string]
+colour: red
+profiles:
+  typo: {mountPath: /x, emptyDir: {sizeLimt: 1Gi}}
+rules:
+  - {name: a, namespaces: "nf", volumes: {s: "type=emptyDir,mountPath=/s"}}
+  - {name: b, namespaces: [], volumes: {s: "type=emptyDir,mountPath=/s"}}
+policy:
+  allowInline: perhaps
+  maxVolumesPerPod: -1
+  maxSize: {emptyDir: 10GB}
+"#,
+    );
+    for want in [
+        "onError: unknown variant `maybe`",
+        "annotationPrefix: invalid type",
+        "unknown field \"colour\"",
+        "profiles.typo: unknown field emptyDir.sizeLimt",
+        "rules[0]: invalid type",
+        "rules[1] (b).namespaces is empty",
+        "policy.allowInline: invalid type",
+        "policy.maxVolumesPerPod: invalid value",
+        "policy.maxSize.emptyDir: invalid quantity \"10GB\"",
+    ] {
+        assert!(errors.contains(want), "missing {want:?} in:\n{errors}");
+    }
+}
