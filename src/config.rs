@@ -196,7 +196,8 @@ impl Config {
         } else {
             // YAML syntax, and keys given twice (which YAML forbids and serde would let pass,
             // keeping the last), stop the reading: there is no document to read further.
-            let syntax = |e: yaml_serde::Error| ConfigError::Invalid(vec![e.to_string()]);
+            let syntax =
+                |e: yaml_serde::Error| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]);
             yaml_serde::from_str::<crate::annotation::NoDuplicates>(text).map_err(syntax)?;
             let doc: Value = yaml_serde::from_str(text).map_err(syntax)?;
             FileConfig::read(doc, &mut errors)

@@ -56,14 +56,28 @@ proptest! {
         if let Ok(text) = std::str::from_utf8(&data)
             && let Err(evi::config::ConfigError::Invalid(errors)) = Config::parse(text)
         {
+            // Each error names its place in the file or the YAML position.
             prop_assert!(!errors.is_empty());
+            for e in &errors {
+                prop_assert!((e.contains(':') || e.contains('"')) && e.len() > 10, "an error that names nothing: {e:?}");
+            }
         }
     }
 
     #[test]
     fn arbitrary_annotation_values_parse_or_fail_with_a_message(value in "\\PC{0,80}") {
-        if let Err(e) = value.parse::<evi::annotation::VolumeRequest>() {
-            prop_assert!(!e.0.is_empty());
+        match value.parse::<evi::annotation::VolumeRequest>() {
+            // A refusal names a field, the form, or the value it could not read.
+            Err(e) => prop_assert!(
+                ["field", "profile", "JSON", "key=value", "value", "source", "type", "mountPath", "size",
+                 "env", "container", "name", "attr", "given", "medium", "driver", "accessMode", "storageClass",
+                 "fsType", "subPath", "readOnly", "apply", "quantity"]
+                    .iter().any(|w| e.0.contains(w)),
+                "{value:?}: a message that names nothing: {}", e.0),
+            // Whatever is accepted has exactly one source and a valid mount path, if any.
+            Ok(req) => if let Some(p) = &req.mount_path {
+                prop_assert!(p.starts_with('/') && p != "/" && !p.ends_with('/'), "{value:?}: mountPath {p:?}");
+            },
         }
     }
 }

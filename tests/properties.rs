@@ -66,6 +66,16 @@ fn annotation_value() -> impl Strategy<Value = String> {
     })
 }
 
+/// A volume named `cache` already in the pod, of a kind or with settings no generated request
+/// (and no default the test configuration adds) matches: never to be reused.
+const EXISTING_CACHE: [&str; 5] = [
+    r#"{"emptyDir": {}}"#,
+    r#"{"emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}"#,
+    r#"{"persistentVolumeClaim": {"claimName": "data"}}"#,
+    r#"{"hostPath": {"path": "/var/lib/data"}}"#,
+    r#"{"csi": {"driver": "other.csi.k8s.io"}}"#,
+];
+
 fn container(name: String, mounts: Vec<usize>, env: bool, sidecar: bool) -> Value {
     let mut c = json!({
         "name": name,
@@ -99,7 +109,7 @@ prop_compose! {
         generate_name in any::<bool>(),
         annotations in prop::collection::btree_map(prop::sample::select(NAMES.to_vec()), annotation_value(), 0..4),
         with_annotations_map in any::<bool>(),
-        existing_same_name in any::<bool>(),
+        existing_same_name in prop::option::of(prop::sample::select(EXISTING_CACHE.to_vec())),
     ) -> Value {
         let mounts: Vec<usize> = (0..n_volumes).collect();
         let containers: Vec<Value> = (0..n_containers).map(|i| container(format!("c{i}"), mounts.clone(), env, false)).collect();
@@ -121,8 +131,10 @@ prop_compose! {
         let mut volumes: Vec<Value> = (0..n_volumes)
             .map(|i| json!({"name": format!("vol-{i}"), "persistentVolumeClaim": {"claimName": format!("pvc-{i}")}}))
             .collect();
-        if existing_same_name {
-            volumes.push(json!({"name": "cache", "emptyDir": {}}));
+        if let Some(existing) = existing_same_name {
+            let mut v: Value = serde_json::from_str(existing).unwrap();
+            v["name"] = json!("cache");
+            volumes.push(v);
         }
         if !volumes.is_empty() {
             pod["spec"]["volumes"] = json!(volumes);
@@ -174,12 +186,25 @@ proptest! {
         let cfg = config();
         let (response, mutated) = run(&cfg, &pod);
         let r = &response["response"];
+        let asks_for_cache = pod["metadata"]["annotations"].get("ephemeral-volumes.io/cache").is_some();
+        let had_cache = pod["spec"]["volumes"].as_array().is_some_and(|v| v.iter().any(|v| v["name"] == "cache"));
         if r["allowed"] == json!(false) {
             let code = r["status"]["code"].as_u64().unwrap();
             prop_assert!([400, 403, 422].contains(&code), "code {code}");
-            prop_assert!(!r["status"]["message"].as_str().unwrap().is_empty());
+            let message = r["status"]["message"].as_str().unwrap();
+            // Every denial names what it is about: an annotation, a volume or a container.
+            prop_assert!(message.contains("annotation ephemeral-volumes.io/") || message.contains("volume \"")
+                || message.contains("volumes requested"), "{message}");
             prop_assert!(r.get("patch").is_none());
             return Ok(());
+        }
+        // A volume already in the pod under the requested name is never mounted as if injected.
+        if had_cache {
+            prop_assert!(!asks_for_cache, "admitted a request for cache over a different existing volume: {r}");
+            for c in mutated["spec"]["containers"].as_array().unwrap() {
+                let mounts = c["volumeMounts"].as_array().map(Vec::as_slice).unwrap_or_default();
+                prop_assert!(!mounts.iter().any(|m| m["name"] == "cache"), "existing cache volume mounted");
+            }
         }
         let typed: Pod = serde_json::from_value(mutated.clone()).map_err(|e| TestCaseError::fail(format!("not a Pod: {e}\n{mutated}")))?;
         let spec = typed.spec.unwrap();

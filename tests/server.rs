@@ -383,7 +383,21 @@ async fn nextflow_pod_is_patched_over_http1_and_h2() {
         );
         serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(mutated).unwrap();
     }
-    // One decision line per mutation, naming the pod and the volumes.
+    // One decision line per mutation, naming the pod and the volumes (written by a background
+    // thread: wait for it).
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5)
+        && server
+            .logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l["message"] == "mutated")
+            .count()
+            < 2
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let logs = server.logs.lock().unwrap().clone();
     let decisions: Vec<&Value> = logs.iter().filter(|l| l["message"] == "mutated").collect();
     assert_eq!(decisions.len(), 2, "{logs:?}");
@@ -785,6 +799,25 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
             }
         }));
     }
+    // A request in flight across the whole drain: headers and half the body before SIGTERM,
+    // the rest only after the drain delay, when the listener has stopped accepting.
+    let (_, request) = nextflow_review("in-flight");
+    let body = serde_json::to_vec(&request).unwrap();
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    let mut slow = tls
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!(
+        "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(&body[..body.len() / 2]).await.unwrap();
+    slow.flush().await.unwrap();
+
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = ok.load(Ordering::SeqCst);
     server.signal("TERM");
@@ -805,6 +838,37 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
     for c in clients {
         c.await.unwrap();
     }
+    // Past the drain delay: no new connection is taken, the one in flight is still served.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let refused = tokio::time::timeout(Duration::from_secs(2), async {
+        let tcp = TcpStream::connect(server.webhook).await.ok()?;
+        let mut s = connector(&server.ca_pem, Proto::H1)
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .ok()?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut b = [0u8; 16];
+        s.read(&mut b).await.ok().filter(|n| *n > 0)
+    })
+    .await;
+    assert!(
+        matches!(refused, Ok(None) | Err(_)),
+        "a new connection was served after the drain delay"
+    );
+    slow.write_all(&body[body.len() / 2..]).await.unwrap();
+    slow.flush().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut answer))
+        .await
+        .expect("the in-flight request got its answer")
+        .ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("\"allowed\":true"),
+        "the request in flight during the drain was not served: {answer:.200}"
+    );
     let status = server.exit_status(Duration::from_secs(15)).await;
     let failed = failed.lock().unwrap().clone();
     assert!(

@@ -534,18 +534,87 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
 
 #[cfg(test)]
 mod tests {
-    use super::{metrics::OutcomeLabel, *};
+    use super::*;
 
-    #[test]
-    fn cert_reload_outcome_labels_are_distinct() {
-        let m = Metrics::default();
-        m.cert_reloads
-            .get_or_create(&OutcomeLabel { outcome: "success" })
-            .inc();
-        let text = m.encode();
+    use tower::ServiceExt as _;
+
+    fn state(config: &str) -> Arc<AppState> {
+        let pair = tls::self_signed(&["localhost"]).unwrap();
+        let loaded = tls::load_pem(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()).unwrap();
+        Arc::new(AppState {
+            config: ArcSwap::from_pointee(Config::parse(config).unwrap()),
+            metrics: Metrics::default(),
+            certs: Arc::new(CertStore::new(loaded.key)),
+            ready: AtomicBool::new(true),
+        })
+    }
+
+    async fn post(state: &Arc<AppState>, body: &serde_json::Value) -> serde_json::Value {
+        let request = axum::http::Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        let response = webhook_router(state.clone(), 1 << 20)
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    fn review(annotations: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "0d5c7a1e-0000-4000-8000-000000000001",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "CREATE", "namespace": "nf",
+                "object": {"metadata": {"generateName": "nf-", "annotations": annotations},
+                           "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn each_verdict_is_counted_under_its_own_result_and_reason() {
+        let state = state("onError: warn");
+        let ok =
+            serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s,size=1Gi"});
+        let bad = serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountpath=/s"});
+        post(&state, &review(ok.clone())).await;
+        post(&state, &review(serde_json::json!({"other": "x"}))).await;
+        let warned = post(&state, &review(bad.clone())).await;
+        assert_eq!(warned["response"]["allowed"], true);
+        // Called again with the error annotation already there (reinvocation): counted the same.
+        let mut again = bad.clone();
+        again["injector.ephemeral-volumes.io/error"] = serde_json::json!("x");
+        post(&state, &review(again)).await;
+        let text = state.metrics.encode();
+        for line in [
+            "evi_admission_requests_total{result=\"mutated\"} 1",
+            "evi_admission_requests_total{result=\"unchanged\"} 1",
+            "evi_admission_requests_total{result=\"admitted-on-error\"} 2",
+            "evi_denials_total{reason=\"admitted-on-error\"} 2",
+            "evi_volumes_injected_total{kind=\"emptyDir\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+
+        let state = self::state("");
+        let denied = post(&state, &review(bad)).await;
+        assert_eq!(denied["response"]["status"]["code"], 400);
+        let text = state.metrics.encode();
         assert!(
-            text.contains("evi_certificate_reloads_total{outcome=\"success\"} 1"),
+            text.contains("evi_admission_requests_total{result=\"denied\"} 1"),
             "{text}"
         );
+        assert!(
+            text.contains("evi_denials_total{reason=\"invalid\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("admitted-on-error\"} "), "{text}");
     }
 }
