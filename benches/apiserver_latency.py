@@ -120,10 +120,10 @@ def main() -> int:
     with ControlPlane() as cp:
         cluster = Cluster(cp)
         results = {}
-        for mode in ("without", "with", "without again"):
-            ns = cluster.namespace(f"bench-{mode.replace(' ', '-')}")
+        for mode in ("without webhook", "with webhook", "without webhook, again"):
+            ns = cluster.namespace("bench-" + "-".join(mode.replace(",", "").split()))
             release = None
-            if mode == "with":
+            if mode == "with webhook":
                 release = Release(cluster, "evi", {"config": {}}, cp.dir / "release").install()
                 release.start_webhook()
                 probe = dict(POD, metadata={**POD["metadata"], "namespace": ns})
@@ -143,10 +143,10 @@ def main() -> int:
         print("| run | client p50 | client p99 | API server webhook p50 | webhook p99 |")
         print("|---|---|---|---|---|")
         for mode, (lat, before, after) in results.items():
-            print(f"| {mode} webhook | {statistics.median(lat):.1f} ms | {quantile(lat, 0.99):.1f} ms | "
+            print(f"| {mode} | {statistics.median(lat):.1f} ms | {quantile(lat, 0.99):.1f} ms | "
                   f"{histogram_quantile(before, after, 0.5)} | {histogram_quantile(before, after, 0.99)} |")
-        base = [x for m in ("without", "without again") for x in results[m][0]]
-        with_ = results["with"][0]
+        base = [x for m in ("without webhook", "without webhook, again") for x in results[m][0]]
+        with_ = results["with webhook"][0]
         print(f"\nadded by the webhook: p50 {statistics.median(with_) - statistics.median(base):+.1f} ms, "
               f"p99 {quantile(with_, 0.99) - quantile(base, 0.99):+.1f} ms")
     return 0

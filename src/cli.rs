@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the webhook (HTTPS) and the admin endpoints (HTTP).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Preview what the webhook would do to a Pod or a workload's pod template.
     Mutate(MutateArgs),
     /// Validate a configuration file; lists every error.
@@ -65,7 +65,7 @@ pub enum Output {
 
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Serve(args) => crate::server::run(args),
+        Command::Serve(args) => crate::server::run(*args),
         Command::Mutate(args) => mutate(&args),
         Command::CheckConfig { file } => check_config(&file),
     }

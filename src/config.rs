@@ -1,4 +1,4 @@
-//! The cluster-wide configuration file (SPEC §2): parsed, validated whole, then compiled into a
+//! The cluster-wide configuration file (the README's "Configuration"): parsed, validated whole, then compiled into a
 //! [`Config`] the engine reads without further checks.
 
 use std::{collections::BTreeMap, path::Path};
@@ -588,7 +588,7 @@ impl Rule {
 mod tests {
     use super::*;
 
-    const SPEC_EXAMPLE: &str = r#"
+    const DOCUMENTED_EXAMPLE: &str = r#"
 annotationPrefix: ephemeral-volumes.io
 onError: deny
 profiles:
@@ -621,8 +621,8 @@ policy:
 "#;
 
     #[test]
-    fn the_spec_example_compiles() {
-        let cfg = Config::parse(SPEC_EXAMPLE).unwrap();
+    fn the_documented_example_compiles() {
+        let cfg = Config::parse(DOCUMENTED_EXAMPLE).unwrap();
         assert_eq!(cfg.injected_key, "injector.ephemeral-volumes.io/injected");
         assert_eq!(cfg.profiles.len(), 2);
         assert_eq!(
@@ -639,7 +639,7 @@ policy:
 
     #[test]
     fn profile_sources_are_compiled_once_with_their_size() {
-        let cfg = Config::parse(SPEC_EXAMPLE).unwrap();
+        let cfg = Config::parse(DOCUMENTED_EXAMPLE).unwrap();
         assert_eq!(cfg.profile_sources.len(), cfg.profiles.len());
         let ebs = &cfg.profile_sources["ebs-200g"];
         assert_eq!(ebs.kind, VolumeKind::Ephemeral);

@@ -665,7 +665,7 @@ async fn certificate_rotation_in_kubelet_layout_fails_no_request() {
     );
     assert_eq!(
         server
-            .metric("evi_certificate_reloads_total{outcome=\"success\"}")
+            .metric("evi_certificate_reloads_total{outcome=\"success\",reason=\"\"}")
             .await,
         2.0
     );
@@ -731,7 +731,7 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
     .unwrap();
     let t = Instant::now();
     while server
-        .metric("evi_config_reloads_total{outcome=\"failure\"}")
+        .metric("evi_config_reloads_total{outcome=\"failure\",reason=\"invalid\"}")
         .await
         < 1.0
     {
@@ -748,7 +748,7 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
     );
     assert_eq!(
         server
-            .metric("evi_config_reloads_total{outcome=\"success\"}")
+            .metric("evi_config_reloads_total{outcome=\"success\",reason=\"\"}")
             .await,
         1.0
     );

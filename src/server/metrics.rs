@@ -26,15 +26,44 @@ pub struct OutcomeLabel {
     pub outcome: &'static str,
 }
 
+/// A reload's outcome and, for a failure, why (`read`, `invalid`, `key-mismatch`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabel {
+    pub outcome: &'static str,
+    pub reason: &'static str,
+}
+
+/// A connection closed by the server: which port, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    pub port: &'static str,
+    pub cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabel {
+    pub port: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub port: &'static str,
+    pub code: u16,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<ResultLabel, Counter>,
     pub duration: Histogram,
     pub volumes: Family<KindLabel, Counter>,
     pub denials: Family<ReasonLabel, Counter>,
-    pub config_reloads: Family<OutcomeLabel, Counter>,
-    pub cert_reloads: Family<OutcomeLabel, Counter>,
+    pub config_reloads: Family<ReloadLabel, Counter>,
+    pub cert_reloads: Family<ReloadLabel, Counter>,
     pub cert_not_after: Gauge,
+    pub connections_closed: Family<CauseLabel, Counter>,
+    pub connections_open: Family<PortLabel, Gauge>,
+    pub at_capacity: Family<PortLabel, Counter>,
+    pub responses: Family<CodeLabel, Counter>,
 }
 
 /// Admission decisions take microseconds; buckets from 10 µs to 1 s.
@@ -49,7 +78,7 @@ impl Default for Metrics {
         let requests = Family::<ResultLabel, Counter>::default();
         registry.register(
             "admission_requests",
-            "AdmissionReview requests by result (mutated, unchanged, denied, invalid)",
+            "AdmissionReview requests by result (mutated, unchanged, denied, admitted-on-error, invalid)",
             requests.clone(),
         );
         let duration = Histogram::new(BUCKETS);
@@ -70,17 +99,41 @@ impl Default for Metrics {
             "Pods refused (or, with onError warn, admitted without volumes), by reason",
             denials.clone(),
         );
-        let config_reloads = Family::<OutcomeLabel, Counter>::default();
+        let config_reloads = Family::<ReloadLabel, Counter>::default();
         registry.register(
             "config_reloads",
-            "Configuration reloads by outcome (success, failure)",
+            "Configuration reloads by outcome (success, failure) and reason of a failure",
             config_reloads.clone(),
         );
-        let cert_reloads = Family::<OutcomeLabel, Counter>::default();
+        let cert_reloads = Family::<ReloadLabel, Counter>::default();
         registry.register(
             "certificate_reloads",
-            "Serving certificate reloads by outcome (success, failure)",
+            "Serving certificate reloads by outcome (success, failure) and reason of a failure",
             cert_reloads.clone(),
+        );
+        let connections_closed = Family::<CauseLabel, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Connections the server closed, by port and cause (handshake-timeout, header-timeout, idle, malformed)",
+            connections_closed.clone(),
+        );
+        let connections_open = Family::<PortLabel, Gauge>::default();
+        registry.register(
+            "connections_open",
+            "Connections being served, by port",
+            connections_open.clone(),
+        );
+        let at_capacity = Family::<PortLabel, Counter>::default();
+        registry.register(
+            "connections_at_capacity",
+            "Times a port reached its connection cap (it then waits for a free slot; the webhook port reports not ready meanwhile)",
+            at_capacity.clone(),
+        );
+        let responses = Family::<CodeLabel, Counter>::default();
+        registry.register(
+            "http_responses",
+            "HTTP responses by port and status code",
+            responses.clone(),
         );
         let cert_not_after = Gauge::default();
         registry.register(
@@ -97,6 +150,10 @@ impl Default for Metrics {
             config_reloads,
             cert_reloads,
             cert_not_after,
+            connections_closed,
+            connections_open,
+            at_capacity,
+            responses,
         }
     }
 }

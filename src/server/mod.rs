@@ -1,5 +1,6 @@
 //! `serve`: the HTTPS webhook, the plain-HTTP admin port, hot reload and graceful shutdown.
 
+pub mod connection;
 pub mod metrics;
 pub mod reload;
 pub mod tls;
@@ -19,21 +20,16 @@ use arc_swap::ArcSwap;
 use axum::{
     Router,
     body::Bytes,
-    extract::{DefaultBodyLimit, State},
+    extract::State,
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
-};
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
-    service::TowerToHyperService,
 };
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use self::{
-    metrics::{KindLabel, Metrics, ReasonLabel, ResultLabel},
+    metrics::{CauseLabel, CodeLabel, KindLabel, Metrics, PortLabel, ReasonLabel, ResultLabel},
     tls::CertStore,
 };
 use crate::{
@@ -65,7 +61,7 @@ pub struct ServeArgs {
     /// Where the generated CA certificate is written when no certificate is given.
     #[arg(long, env = "EVI_CA_OUT")]
     pub ca_out: Option<PathBuf>,
-    /// Configuration file (YAML, SPEC §2); reloaded when it changes. Built-in defaults without it.
+    /// Configuration file (YAML; see the README's Configuration); reloaded when it changes. Built-in defaults without it.
     #[arg(long, env = "EVI_CONFIG")]
     pub config: Option<PathBuf>,
     #[arg(long, env = "EVI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -76,14 +72,39 @@ pub struct ServeArgs {
     /// Largest request body accepted; an UPDATE review carries two pods.
     #[arg(long, env = "EVI_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
-    /// Seconds a client has to send the request headers (and to finish the TLS handshake).
+    /// Seconds a client has to finish the TLS handshake, the HTTP/2 preface and each
+    /// request's headers (from its first byte). The API server sends a request at once.
     #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
     pub header_timeout_seconds: f64,
+    /// Seconds a request body may take to arrive; then 408. The API server sends the whole
+    /// review at once and gives up on a webhook after at most 30 s (10 s by default).
+    #[arg(long, env = "EVI_BODY_TIMEOUT_SECONDS", default_value_t = 10.0)]
+    pub body_timeout_seconds: f64,
+    /// Seconds an HTTP/1.1 keep-alive connection may wait for its next request. Longer than
+    /// the API server's own idle timeout (Go's 90 s), so that the client, not the webhook,
+    /// closes idle connections and never sends a request on one being closed.
+    #[arg(long, env = "EVI_IDLE_TIMEOUT_SECONDS", default_value_t = 120.0)]
+    pub idle_timeout_seconds: f64,
+    /// Seconds an HTTP/2 connection may stay open with no request in flight (pings do not
+    /// count). The API server speaks HTTP/1.1 to webhooks; HTTP/2 clients reconnect cheaply.
+    #[arg(long, env = "EVI_H2_IDLE_TIMEOUT_SECONDS", default_value_t = 60.0)]
+    pub h2_idle_timeout_seconds: f64,
     /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a
     /// flood of idle or slow clients (each connection in a TLS handshake holds ~25 KiB). Too low a
     /// limit lets a flood of idle connections starve the API server until they time out.
     #[arg(long, env = "EVI_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+    /// Connections served at once on the admin port (probes and scrapes need a few); it
+    /// cannot take descriptors or memory from the webhook port beyond this.
+    #[arg(long, env = "EVI_ADMIN_MAX_CONNECTIONS", default_value_t = 64)]
+    pub admin_max_connections: usize,
+    /// Seconds an admin client has for its request headers (probes send them at once).
+    #[arg(long, env = "EVI_ADMIN_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
+    pub admin_header_timeout_seconds: f64,
+    /// Seconds an admin keep-alive connection may wait for its next request (the kubelet's
+    /// probes and Prometheus come every 10 s or more and reconnect cheaply).
+    #[arg(long, env = "EVI_ADMIN_IDLE_TIMEOUT_SECONDS", default_value_t = 30.0)]
+    pub admin_idle_timeout_seconds: f64,
     /// After SIGTERM, seconds to keep accepting while unready, so endpoints can stop sending.
     #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value_t = 0.0)]
     pub drain_delay_seconds: f64,
@@ -101,6 +122,10 @@ pub struct AppState {
     pub metrics: Metrics,
     pub certs: Arc<CertStore>,
     pub ready: AtomicBool,
+    /// The webhook port is at its connection cap: not ready, so the Service sends elsewhere.
+    pub at_capacity: AtomicBool,
+    pub max_body_bytes: usize,
+    pub body_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -219,6 +244,24 @@ pub async fn serve(
     let grace = seconds("--grace-period-seconds", args.grace_period_seconds)?;
     let poll =
         seconds("--reload-poll-seconds", args.reload_poll_seconds)?.max(Duration::from_millis(100));
+    let webhook_bounds = connection::Bounds {
+        header: header_timeout,
+        h1_idle: seconds("--idle-timeout-seconds", args.idle_timeout_seconds)?,
+        h2_idle: seconds("--h2-idle-timeout-seconds", args.h2_idle_timeout_seconds)?,
+    };
+    let admin_idle = seconds(
+        "--admin-idle-timeout-seconds",
+        args.admin_idle_timeout_seconds,
+    )?;
+    let admin_bounds = connection::Bounds {
+        header: seconds(
+            "--admin-header-timeout-seconds",
+            args.admin_header_timeout_seconds,
+        )?,
+        h1_idle: admin_idle,
+        h2_idle: admin_idle,
+    };
+    let body_timeout = seconds("--body-timeout-seconds", args.body_timeout_seconds)?;
 
     let config = match &args.config {
         Some(path) => Config::load(path).map_err(|source| ServeError::Config {
@@ -252,33 +295,44 @@ pub async fn serve(
         metrics,
         certs: certs.clone(),
         ready: AtomicBool::new(false),
+        at_capacity: AtomicBool::new(false),
+        max_body_bytes: args.max_body_bytes,
+        body_timeout,
     });
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs)?));
 
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: args.listen,
-            source,
-        })?;
-    let admin = TcpListener::bind(args.admin_listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: args.admin_listen,
-            source,
-        })?;
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })
+    };
+    let listener = bind(args.listen).await?;
+    let admin = bind(args.admin_listen).await?;
     let webhook_addr = listener.local_addr().unwrap_or(args.listen);
     let admin_addr = admin.local_addr().unwrap_or(args.admin_listen);
 
-    let (admin_stop_tx, admin_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_webhook, webhook_stopping) = tokio::sync::watch::channel(false);
+    let (stop_admin, admin_stopping) = tokio::sync::watch::channel(false);
+    let admin_port = Arc::new(Port {
+        name: "admin",
+        app: admin_router(state.clone()),
+        tls: None,
+        bounds: admin_bounds,
+        cap: args.admin_max_connections.max(1),
+        permits: Arc::new(tokio::sync::Semaphore::new(
+            args.admin_max_connections.max(1),
+        )),
+        state: state.clone(),
+        stopping: admin_stopping.clone(),
+    });
     let admin_task = tokio::spawn({
-        let app = admin_router(state.clone());
+        let port = admin_port.clone();
+        let mut stopping = admin_stopping;
         async move {
-            let _ = axum::serve(admin, app)
-                .with_graceful_shutdown(async {
-                    let _ = admin_stop_rx.await;
-                })
-                .await;
+            accept_loop(&admin, &port, async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            })
+            .await;
         }
     });
     if args.tls_cert.is_some() || args.config.is_some() {
@@ -289,66 +343,98 @@ pub async fn serve(
         tokio::spawn(reload::run(state.clone(), watched, poll));
     }
 
-    let app = webhook_router(state.clone(), args.max_body_bytes);
-    let graceful = GracefulShutdown::new();
-    let limits = Limits {
-        header_timeout,
-        connections: Arc::new(tokio::sync::Semaphore::new(args.max_connections.max(1))),
+    let webhook_port = Port {
+        name: "webhook",
+        app: webhook_router(state.clone(), args.max_body_bytes),
+        tls: Some(acceptor),
+        bounds: webhook_bounds,
+        cap: args.max_connections.max(1),
+        permits: Arc::new(tokio::sync::Semaphore::new(args.max_connections.max(1))),
+        state: state.clone(),
+        stopping: webhook_stopping,
     };
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(webhook = %webhook_addr, admin = %admin_addr, "listening");
 
     let mut shutdown = std::pin::pin!(shutdown);
-    accept_loop(
-        &listener,
-        &acceptor,
-        &app,
-        &graceful,
-        &limits,
-        shutdown.as_mut(),
-    )
-    .await;
+    accept_loop(&listener, &webhook_port, shutdown.as_mut()).await;
 
     // Unready at once; keep serving for the drain delay so endpoints stop sending us traffic.
     state.ready.store(false, Ordering::SeqCst);
     tracing::info!(drain_delay = ?drain_delay, "shutting down: not ready");
     if !drain_delay.is_zero() {
-        let delay = tokio::time::sleep(drain_delay);
-        accept_loop(&listener, &acceptor, &app, &graceful, &limits, delay).await;
+        accept_loop(&listener, &webhook_port, tokio::time::sleep(drain_delay)).await;
     }
     drop(listener);
+    // Keep-alive ends after the request in flight; HTTP/2 gets GOAWAY.
+    let _ = stop_webhook.send(true);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections closed"),
+        _ = webhook_port.closed() => tracing::info!("all connections closed"),
         _ = tokio::time::sleep(grace) => tracing::warn!(grace = ?grace, "grace period over; exiting with connections open"),
     }
-    let _ = admin_stop_tx.send(());
+    let _ = stop_admin.send(true);
     let _ = admin_task.await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin_port.closed()).await;
     Ok(())
 }
 
-struct Limits {
-    header_timeout: Duration,
-    connections: Arc<tokio::sync::Semaphore>,
+/// A listening port: what it serves, its bounds and its connection cap.
+struct Port {
+    name: &'static str,
+    app: Router,
+    tls: Option<TlsAcceptor>,
+    bounds: connection::Bounds,
+    cap: usize,
+    permits: Arc<tokio::sync::Semaphore>,
+    state: Arc<AppState>,
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
+impl Port {
+    /// Resolves when every connection of this port has closed.
+    async fn closed(&self) {
+        let all = u32::try_from(self.cap).unwrap_or(u32::MAX);
+        let _ = self.permits.acquire_many(all).await;
+    }
+
+    fn label(&self) -> PortLabel {
+        PortLabel { port: self.name }
+    }
+}
+
+/// Accepts connections until `until` resolves, each served on its own task while it holds
+/// one of the port's permits. At the cap it waits for a free slot (the kernel's backlog holds
+/// the newcomers) and, on the webhook port, reports not ready meanwhile.
 async fn accept_loop(
     listener: &TcpListener,
-    acceptor: &TlsAcceptor,
-    app: &Router,
-    graceful: &GracefulShutdown,
-    limits: &Limits,
+    port: &Port,
     until: impl std::future::Future<Output = ()>,
 ) {
-    let header_timeout = limits.header_timeout;
     let mut until = std::pin::pin!(until);
+    let m = &port.state.metrics;
     loop {
-        // At the connection limit, stop accepting until one closes.
-        let permit = tokio::select! {
-            _ = until.as_mut() => return,
-            permit = limits.connections.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => return,
-            },
+        let permit = match port.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                m.at_capacity.get_or_create(&port.label()).inc();
+                if port.tls.is_some() {
+                    port.state.at_capacity.store(true, Ordering::SeqCst);
+                }
+                tracing::warn!(
+                    port = port.name,
+                    cap = port.cap,
+                    "at the connection cap: waiting for a connection to close"
+                );
+                let permit = tokio::select! {
+                    _ = until.as_mut() => return,
+                    permit = port.permits.clone().acquire_owned() => match permit {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                };
+                port.state.at_capacity.store(false, Ordering::SeqCst);
+                permit
+            }
         };
         let (tcp, _peer) = tokio::select! {
             _ = until.as_mut() => return,
@@ -356,56 +442,51 @@ async fn accept_loop(
                 Ok(a) => a,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(port = port.name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
-        let watcher = graceful.watcher();
+        let (app, tls, bounds, name) = (port.app.clone(), port.tls.clone(), port.bounds, port.name);
+        let state = port.state.clone();
+        let mut stopping = port.stopping.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let tls = match tokio::time::timeout(header_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!("TLS handshake timed out");
-                    return;
-                }
+            let m = &state.metrics;
+            let open = m
+                .connections_open
+                .get_or_create(&PortLabel { port: name })
+                .clone();
+            open.inc();
+            let stop = async move {
+                let _ = stopping.wait_for(|s| *s).await;
             };
-            // ALPN decides the protocol: no sniffing of the first bytes, which would wait
-            // for a silent client without any timeout.
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            // hyper's header-read timeout also runs while a keep-alive connection is idle,
-            // so it bounds idle and slow clients alike.
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .keep_alive(true);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(256)
-                .keep_alive_interval(Some(Duration::from_secs(30)));
-            let builder = if h2 {
-                builder.http2_only()
-            } else {
-                builder.http1_only()
-            };
-            let conn = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            match tls {
+                None => connection::serve(tcp, false, app, bounds, m, name, stop).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(bounds.header, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            // ALPN decides the protocol: no sniffing of the first bytes, which
+                            // would wait for a silent client.
+                            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                            connection::serve(tls, h2, app, bounds, m, name, stop).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => {
+                            m.connections_closed
+                                .get_or_create(&CauseLabel {
+                                    port: name,
+                                    cause: connection::Cause::HandshakeTimeout.as_str(),
+                                })
+                                .inc();
+                            tracing::debug!("TLS handshake timed out");
+                        }
+                    }
+                }
             }
+            open.dec();
         });
     }
 }
@@ -413,24 +494,108 @@ async fn accept_loop(
 // === the webhook ===
 
 pub fn webhook_router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    let _ = max_body_bytes; // read from the state, where the handler finds it
     Router::new()
         .route("/mutate", post(mutate))
+        .method_not_allowed_fallback(|| async {
+            json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed: the webhook is POST /mutate",
+            )
+        })
         .fallback(|| async {
             json_error(
                 StatusCode::NOT_FOUND,
                 "not found: the webhook path is POST /mutate",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            (state.clone(), "webhook"),
+            count_responses,
+        ))
         .with_state(state)
 }
 
+/// Every response is counted by port and status code.
+async fn count_responses(
+    State((state, port)): State<(Arc<AppState>, &'static str)>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(req).await;
+    state
+        .metrics
+        .responses
+        .get_or_create(&CodeLabel {
+            port,
+            code: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// Every error response is JSON with a reason: `{"error": "..."}`.
 fn json_error(code: StatusCode, message: &str) -> Response {
     let body = serde_json::json!({ "error": message }).to_string();
     (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+/// The body, within the size and time bounds. A `Content-Length` over the limit is refused
+/// before anything is read (so `Expect: 100-continue` gets its 413 at once, not a 100).
+async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Bytes, Response> {
+    let limit = state.max_body_bytes;
+    let too_large = || {
+        json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body over the limit of {limit} bytes (--max-body-bytes)"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(
+        state.body_timeout,
+        axum::body::to_bytes(req.into_body(), limit),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
+        Ok(Err(e)) => Err(json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("cannot read the request body: {e}"),
+        )),
+        Err(_) => Err(json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body did not arrive within {:?} (--body-timeout-seconds)",
+                state.body_timeout
+            ),
+        )),
+    }
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    let body = match read_body(&state, req).await {
+        Ok(b) => b,
+        Err(response) => return response,
+    };
     let start = Instant::now();
     let config = state.config.load();
     let m = &state.metrics;
@@ -510,10 +675,15 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
         .route(
             "/readyz",
             get(|State(s): State<Arc<AppState>>| async move {
-                if s.ready.load(Ordering::SeqCst) {
-                    (StatusCode::OK, "ready\n")
-                } else {
+                if !s.ready.load(Ordering::SeqCst) {
                     (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                } else if s.at_capacity.load(Ordering::SeqCst) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: the webhook port is at its connection cap\n",
+                    )
+                } else {
+                    (StatusCode::OK, "ready\n")
                 }
             }),
         )
@@ -529,6 +699,22 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
                 )
             }),
         )
+        .method_not_allowed_fallback(|| async {
+            json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed: the admin endpoints are GET /healthz, /readyz, /metrics",
+            )
+        })
+        .fallback(|| async {
+            json_error(
+                StatusCode::NOT_FOUND,
+                "not found: the admin endpoints are GET /healthz, /readyz, /metrics",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            (state.clone(), "admin"),
+            count_responses,
+        ))
         .with_state(state)
 }
 
@@ -546,6 +732,9 @@ mod tests {
             metrics: Metrics::default(),
             certs: Arc::new(CertStore::new(loaded.key)),
             ready: AtomicBool::new(true),
+            at_capacity: AtomicBool::new(false),
+            max_body_bytes: 1 << 20,
+            body_timeout: Duration::from_secs(5),
         })
     }
 

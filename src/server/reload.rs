@@ -14,7 +14,7 @@ use std::{
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{AppState, metrics::OutcomeLabel, tls};
+use super::{AppState, metrics::ReloadLabel, tls};
 use crate::config::Config;
 
 pub struct Watched {
@@ -26,6 +26,27 @@ pub struct Watched {
 struct Seen {
     cert: Option<Vec<u8>>,
     config: Option<Vec<u8>>,
+    /// A certificate and key that disagreed, waiting for one more look.
+    mismatch: Option<Vec<u8>>,
+    /// The certificate files could not be read at the last look (reported once).
+    cert_unreadable: bool,
+}
+
+fn count(
+    family: &prometheus_client::metrics::family::Family<
+        ReloadLabel,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    outcome: &'static str,
+    reason: &'static str,
+) {
+    family.get_or_create(&ReloadLabel { outcome, reason }).inc();
+}
+
+/// The kubelet's Secret volume layout: the files are symlinks through `..data`, swapped in one
+/// atomic rename, so a certificate and key that disagree there are not half-written.
+fn kubelet_layout(cert: &Path) -> bool {
+    std::fs::symlink_metadata(parent(cert).join("..data")).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 pub async fn run(state: Arc<AppState>, watched: Watched, poll: Duration) {
@@ -65,6 +86,7 @@ pub async fn run(state: Arc<AppState>, watched: Watched, poll: Duration) {
             .as_ref()
             .and_then(|(c, k)| read_pair(c, k).ok()),
         config: watched.config.as_ref().and_then(|c| std::fs::read(c).ok()),
+        ..Seen::default()
     };
     let mut tick = tokio::time::interval(poll);
     tick.tick().await;
@@ -97,6 +119,17 @@ fn read_pair(cert: &Path, key: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
+    if let Some((cert, key)) = &watched.cert {
+        match read_pair(cert, key) {
+            Err(e) if !seen.cert_unreadable => {
+                seen.cert_unreadable = true;
+                count(&state.metrics.cert_reloads, "failure", "read");
+                tracing::warn!(cert = %cert.display(), key = %key.display(), error = %e, "cannot read the certificate or key; the old one stays in force");
+            }
+            Err(_) => {}
+            Ok(_) => seen.cert_unreadable = false,
+        }
+    }
     if let Some((cert, key)) = &watched.cert
         && let Ok(bytes) = read_pair(cert, key)
         && seen.cert.as_ref() != Some(&bytes)
@@ -105,26 +138,29 @@ fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
             Ok(loaded) => {
                 state.certs.swap(loaded.key);
                 state.metrics.cert_not_after.set(loaded.not_after);
-                state
-                    .metrics
-                    .cert_reloads
-                    .get_or_create(&OutcomeLabel { outcome: "success" })
-                    .inc();
+                count(&state.metrics.cert_reloads, "success", "");
                 tracing::info!(cert = %cert.display(), not_after = loaded.not_after, "serving certificate reloaded");
                 seen.cert = Some(bytes);
+                seen.mismatch = None;
             }
-            // A half-written pair is retried on the next event or poll; it is not remembered.
-            Err(tls::TlsError::Mismatch) => {
+            // Half of a plain rewrite gets one more look (the next event or poll); the same
+            // pair still disagreeing then, or at once in the kubelet's atomic layout, is a
+            // failure.
+            Err(tls::TlsError::Mismatch)
+                if !kubelet_layout(cert) && seen.mismatch.as_ref() != Some(&bytes) =>
+            {
                 tracing::debug!("certificate and key disagree; waiting for the other file");
+                seen.mismatch = Some(bytes);
             }
             Err(e) => {
-                state
-                    .metrics
-                    .cert_reloads
-                    .get_or_create(&OutcomeLabel { outcome: "failure" })
-                    .inc();
-                tracing::error!(cert = %cert.display(), error = %e, "new certificate refused; the old one stays in force");
+                let reason = match e {
+                    tls::TlsError::Mismatch => "key-mismatch",
+                    _ => "invalid",
+                };
+                count(&state.metrics.cert_reloads, "failure", reason);
+                tracing::error!(cert = %cert.display(), reason, error = %e, "new certificate refused; the old one stays in force");
                 seen.cert = Some(bytes);
+                seen.mismatch = None;
             }
         }
     }
@@ -148,27 +184,19 @@ fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
         }
         let result = match &bytes {
             Ok(b) => String::from_utf8(b.clone())
-                .map_err(|e| e.to_string())
-                .and_then(|t| Config::parse(&t).map_err(|e| e.to_string())),
-            Err(e) => Err(format!("cannot read: {e}")),
+                .map_err(|e| ("invalid", e.to_string()))
+                .and_then(|t| Config::parse(&t).map_err(|e| ("invalid", e.to_string()))),
+            Err(e) => Err(("read", format!("cannot read: {e}"))),
         };
         match result {
             Ok(cfg) => {
                 state.config.store(Arc::new(cfg));
-                state
-                    .metrics
-                    .config_reloads
-                    .get_or_create(&OutcomeLabel { outcome: "success" })
-                    .inc();
+                count(&state.metrics.config_reloads, "success", "");
                 tracing::info!(config = %path.display(), "configuration reloaded");
             }
-            Err(e) => {
-                state
-                    .metrics
-                    .config_reloads
-                    .get_or_create(&OutcomeLabel { outcome: "failure" })
-                    .inc();
-                tracing::error!(config = %path.display(), error = %e, "new configuration refused; the old one stays in force");
+            Err((reason, e)) => {
+                count(&state.metrics.config_reloads, "failure", reason);
+                tracing::error!(config = %path.display(), reason, error = %e, "new configuration refused; the old one stays in force");
             }
         }
         seen.config = bytes.ok();

@@ -1,0 +1,338 @@
+//! One connection, from accept to close, on either port: it lives only as long as it makes
+//! progress. The bounds:
+//!
+//! - **headers**: the first request (TLS handshake, HTTP/2 preface, request headers) and every
+//!   later request once its first byte arrived must be in within `header`;
+//! - **idle**: a keep-alive connection with no request in flight is closed after `h1_idle`
+//!   (HTTP/1.1) or `h2_idle` (HTTP/2, whose pings do not count as activity);
+//! - **body**: each request body must be read within `body` (enforced by the handlers, which
+//!   answer 408).
+//!
+//! hyper's own header-read timeout also runs while a keep-alive connection waits, so it would
+//! make the idle bound the header bound; this module tracks the phases itself instead.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    io,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use axum::{Router, body::Body, extract::Request, response::Response};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    time::Instant,
+};
+use tower::ServiceExt as _;
+
+use super::metrics::{CauseLabel, Metrics};
+
+/// How long each phase of a connection may last.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub header: Duration,
+    pub h1_idle: Duration,
+    pub h2_idle: Duration,
+}
+
+/// Why a connection was closed by us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    HandshakeTimeout,
+    HeaderTimeout,
+    Idle,
+    Malformed,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::HandshakeTimeout => "handshake-timeout",
+            Cause::HeaderTimeout => "header-timeout",
+            Cause::Idle => "idle",
+            Cause::Malformed => "malformed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for (the rest of) a request's headers, or an HTTP/2 preface.
+    Headers,
+    /// At least one request in flight: its body is bounded by the handler.
+    InRequest,
+    /// Keep-alive, nothing in flight.
+    Idle,
+}
+
+/// What a connection is doing, and since when.
+#[derive(Debug)]
+struct Activity {
+    state: Mutex<(Phase, Instant, usize)>,
+    h2: bool,
+}
+
+impl Activity {
+    fn new(h2: bool) -> Self {
+        Activity {
+            state: Mutex::new((Phase::Headers, Instant::now(), 0)),
+            h2,
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut (Phase, Instant, usize)) -> T) -> T {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    }
+
+    /// HTTP/1.1: the first bytes of the next request end the idle wait. (HTTP/2 frames such
+    /// as pings do not: only a new stream does.)
+    fn bytes_read(&self) {
+        if self.h2 {
+            return;
+        }
+        self.with(|s| {
+            if s.0 == Phase::Idle {
+                *s = (Phase::Headers, Instant::now(), s.2);
+            }
+        });
+    }
+
+    fn request_started(&self) {
+        self.with(|s| *s = (Phase::InRequest, Instant::now(), s.2 + 1));
+    }
+
+    fn request_finished(&self) {
+        self.with(|s| {
+            let active = s.2.saturating_sub(1);
+            let phase = if active == 0 {
+                Phase::Idle
+            } else {
+                Phase::InRequest
+            };
+            *s = (phase, Instant::now(), active);
+        });
+    }
+
+    /// When the current phase runs out, and why; `None` while a request is in flight.
+    fn deadline(&self, b: &Bounds) -> Option<(Instant, Cause)> {
+        self.with(|&mut (phase, since, _)| match phase {
+            Phase::Headers => Some((since + b.header, Cause::HeaderTimeout)),
+            Phase::Idle if self.h2 => Some((since + b.h2_idle, Cause::Idle)),
+            Phase::Idle => Some((since + b.h1_idle, Cause::Idle)),
+            Phase::InRequest => None,
+        })
+    }
+}
+
+/// Resolves when the connection has outlived its current phase.
+async fn watchdog(activity: Arc<Activity>, bounds: Bounds) -> Cause {
+    loop {
+        match activity.deadline(&bounds) {
+            Some((deadline, cause)) if Instant::now() >= deadline => return cause,
+            Some((deadline, _)) => tokio::time::sleep_until(deadline).await,
+            // A request's body and handling are bounded by the handler; look again soon.
+            None => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// The transport, noting every read for [`Activity`].
+struct Tracked<IO> {
+    io: IO,
+    activity: Arc<Activity>,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Serves one connection until the client closes it, a bound runs out, or `shutdown`
+/// resolves (then: the request in flight finishes, keep-alive ends, HTTP/2 sends GOAWAY).
+pub async fn serve<IO>(
+    io: IO,
+    h2: bool,
+    app: Router,
+    bounds: Bounds,
+    metrics: &Metrics,
+    port: &'static str,
+    shutdown: impl Future<Output = ()>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new(h2));
+    let tracked = Tracked {
+        io,
+        activity: activity.clone(),
+    };
+    let service = hyper::service::service_fn({
+        let activity = activity.clone();
+        move |req: Request<hyper::body::Incoming>| {
+            let (app, activity) = (app.clone(), activity.clone());
+            async move {
+                activity.request_started();
+                let response: Result<Response, Infallible> = app.oneshot(req.map(Body::new)).await;
+                activity.request_finished();
+                response
+            }
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        // Pings find dead peers; they do not keep an idle connection open (h2_idle does that).
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let builder = if h2 {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
+    };
+    let conn = builder.serve_connection(TokioIo::new(tracked), service);
+    let mut conn = std::pin::pin!(conn);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let cut = |cause: Cause| {
+        metrics
+            .connections_closed
+            .get_or_create(&CauseLabel {
+                port,
+                cause: cause.as_str(),
+            })
+            .inc();
+    };
+    tokio::select! {
+        ended = conn.as_mut() => {
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "connection ended with an error");
+                if is_parse_error(&*e) {
+                    cut(Cause::Malformed);
+                }
+            }
+            return;
+        }
+        cause = watchdog(activity.clone(), bounds) => {
+            cut(cause);
+            if cause == Cause::Idle {
+                // Nothing in flight: close politely (HTTP/2 GOAWAY), but not for long.
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(bounds.header, conn.as_mut()).await;
+            }
+            return;
+        }
+        () = shutdown.as_mut() => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// Whether hyper gave up on what the client sent (it has already answered a bare 400).
+fn is_parse_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_parse()
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: Bounds = Bounds {
+        header: Duration::from_secs(5),
+        h1_idle: Duration::from_secs(120),
+        h2_idle: Duration::from_secs(60),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn each_phase_has_its_own_bound() {
+        let a = Activity::new(false);
+        let start = Instant::now();
+        assert_eq!(
+            a.deadline(&B),
+            Some((start + B.header, Cause::HeaderTimeout))
+        );
+        a.request_started();
+        assert_eq!(
+            a.deadline(&B),
+            None,
+            "a request in flight is bounded by its handler"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        a.request_finished();
+        let idle = Instant::now();
+        assert_eq!(a.deadline(&B), Some((idle + B.h1_idle, Cause::Idle)));
+        // HTTP/1.1: the next request's first bytes switch to the header bound.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        a.bytes_read();
+        assert_eq!(
+            a.deadline(&B),
+            Some((Instant::now() + B.header, Cause::HeaderTimeout))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_frames_between_requests_do_not_keep_a_connection_open() {
+        let a = Activity::new(true);
+        a.request_started();
+        a.request_started();
+        a.request_finished();
+        assert_eq!(a.deadline(&B), None, "one stream still open");
+        a.request_finished();
+        let idle = Instant::now();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        a.bytes_read(); // a PING ack
+        assert_eq!(a.deadline(&B), Some((idle + B.h2_idle, Cause::Idle)));
+    }
+}
