@@ -998,8 +998,23 @@ async fn a_second_signal_exits_at_once() {
     }
     // Draining for 30 s; a second signal does not wait for it.
     server.signal("INT");
+    let logs = server.logs.clone();
     let status = server.exit_status(Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(1));
+    // Its last words are flushed before the exit.
+    let t = Instant::now();
+    while !logs
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l["message"] == "second signal: exiting now")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the exit lost its log line"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1024,4 +1039,338 @@ async fn on_error_warn_admits_unchanged_with_a_warning_and_the_status_annotation
             .await,
         1.0
     );
+}
+
+// === connections that make no progress ===
+
+/// Opens a TLS connection (ALPN `proto`) and leaves it in one of the attack shapes.
+async fn hold(
+    server: &Server,
+    shape: &'static str,
+) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
+    use tokio::io::AsyncWriteExt;
+    let proto = if shape.starts_with("h2") {
+        Proto::H2
+    } else {
+        Proto::H1
+    };
+    let tcp = TcpStream::connect(server.webhook).await.ok()?;
+    let mut tls = connector(&server.ca_pem, proto)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .ok()?;
+    let head = "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n";
+    match shape {
+        // HTTP/2 chosen by ALPN, then no preface at all.
+        "h2-no-preface" => {}
+        // HTTP/1.1 headers, and a body that never comes, or comes a byte at a time.
+        "h1-no-body" => tls.write_all(head.as_bytes()).await.ok()?,
+        "h1-trickle" => {
+            tls.write_all(head.as_bytes()).await.ok()?;
+            tls.write_all(b"{").await.ok()?;
+        }
+        _ => unreachable!("{shape}"),
+    }
+    tls.flush().await.ok()?;
+    Some(tls)
+}
+
+/// A request body that never sends a byte.
+struct Never;
+
+impl hyper::body::Body for Never {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// An HTTP/2 connection holding its slot: a request whose body never comes, or (`idle`) one
+/// answered request and then nothing but the answers to the server's pings.
+async fn hold_h2(server: &Server, idle: bool) -> Option<Box<dyn std::any::Any + Send>> {
+    let tcp = TcpStream::connect(server.webhook).await.ok()?;
+    let tls = connector(&server.ca_pem, Proto::H2)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .ok()?;
+    if idle {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .ok()?;
+        tokio::spawn(conn);
+        let (_, request) = nextflow_review("h2-idle");
+        let req = Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                serde_json::to_vec(&request).unwrap(),
+            )))
+            .ok()?;
+        send.ready().await.ok()?;
+        send.send_request(req).await.ok()?;
+        return Some(Box::new(send));
+    }
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    let req = Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(Never)
+        .ok()?;
+    send.ready().await.ok()?;
+    let pending = tokio::spawn(send.send_request(req));
+    Some(Box::new(pending))
+}
+
+/// Whether a normal client is served within the API server's webhook timeout.
+async fn served_within(server: &Server, within: Duration) -> bool {
+    let (_, request) = nextflow_review("normal");
+    tokio::time::timeout(within, async {
+        let tls = connector(&server.ca_pem, Proto::H1);
+        let mut conn = connect(server.webhook, &tls, Proto::H1).await.ok()?;
+        let (status, _) = conn
+            .send("POST", "/mutate", serde_json::to_vec(&request).unwrap())
+            .await
+            .ok()?;
+        (status == StatusCode::OK).then_some(())
+    })
+    .await
+    .is_ok_and(|r| r.is_some())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
+    let cap = 256;
+    let server = Server::start(
+        &[
+            "--max-connections",
+            "256",
+            "--header-timeout-seconds",
+            "1",
+            "--body-timeout-seconds",
+            "2",
+            "--h2-idle-timeout-seconds",
+            "2",
+            "--idle-timeout-seconds",
+            "2",
+        ],
+        None,
+        dir(),
+    );
+    for shape in [
+        "h2-no-preface",
+        "h1-no-body",
+        "h1-trickle",
+        "h2-no-body",
+        "h2-idle",
+    ] {
+        // Fill every slot with this shape.
+        let mut held: Vec<Box<dyn std::any::Any + Send>> = Vec::new();
+        for _ in 0..cap {
+            let h: Option<Box<dyn std::any::Any + Send>> = match shape {
+                "h2-no-body" => hold_h2(&server, false).await,
+                "h2-idle" => hold_h2(&server, true).await,
+                _ => hold(&server, shape)
+                    .await
+                    .map(|t| Box::new(t) as Box<dyn std::any::Any + Send>),
+            };
+            if let Some(h) = h {
+                held.push(h);
+            }
+        }
+        // During the attack: a normal client is answered within the API server's timeout
+        // (10 s by default) once the bounds cut the holders, or the webhook says it is not ready.
+        let ready = server.admin_get("/readyz").await.0 == StatusCode::OK;
+        let served = served_within(&server, Duration::from_secs(10)).await;
+        assert!(
+            served || !ready,
+            "{shape}: not served within 10 s while reporting ready"
+        );
+        // After the bounds, fully available again, and the cuts are counted by cause.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            served_within(&server, Duration::from_secs(2)).await,
+            "{shape}: not available after the bounds"
+        );
+        assert_eq!(
+            server.admin_get("/readyz").await.0,
+            StatusCode::OK,
+            "{shape}"
+        );
+        drop(held);
+    }
+    let metric = |cause: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .metric(&format!(
+                    "evi_connections_closed_total{{port=\"webhook\",cause=\"{cause}\"}}"
+                ))
+                .await
+        }
+    };
+    assert!(
+        metric("header-timeout").await >= 256.0,
+        "no preface: cut at the header bound"
+    );
+    assert!(
+        metric("idle").await >= 256.0,
+        "idle HTTP/2: cut at the idle bound"
+    );
+    assert!(
+        server
+            .metric("evi_http_responses_total{port=\"webhook\",code=\"408\"}")
+            .await
+            >= 3.0 * 256.0,
+        "bodies never sent or trickled: 408"
+    );
+    assert!(
+        server
+            .metric("evi_connections_at_capacity_total{port=\"webhook\"}")
+            .await
+            >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_limit_body_is_refused_before_it_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(&["--max-body-bytes", "1000"], None, dir());
+    let tcp = TcpStream::connect(server.webhook).await.unwrap();
+    let mut tls = connector(&server.ca_pem, Proto::H1)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 5000000\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), tls.read(&mut buf))
+        .await
+        .expect("an answer at once, without the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(!answer.contains("100 Continue"), "{answer}");
+    assert!(
+        answer.contains("application/json") && answer.contains("\"error\""),
+        "{answer}"
+    );
+    // Every non-2xx is JSON and counted by code.
+    let tls_h1 = connector(&server.ca_pem, Proto::H1);
+    let mut conn = connect(server.webhook, &tls_h1, Proto::H1).await.unwrap();
+    let (status, body) = conn.send("GET", "/mutate", Vec::new()).await.unwrap();
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(serde_json::from_slice::<Value>(&body).unwrap()["error"].is_string());
+    for code in ["413", "405"] {
+        assert_eq!(
+            server
+                .metric(&format!(
+                    "evi_http_responses_total{{port=\"webhook\",code=\"{code}\"}}"
+                ))
+                .await,
+            1.0,
+            "{code}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_has_its_own_cap_and_timeouts() {
+    use tokio::io::AsyncWriteExt;
+    let server = Server::start(
+        &[
+            "--admin-max-connections",
+            "8",
+            "--admin-header-timeout-seconds",
+            "1",
+            "--admin-idle-timeout-seconds",
+            "1",
+        ],
+        None,
+        dir(),
+    );
+    // Holders: silent, and byte-by-byte.
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let mut tcp = TcpStream::connect(server.admin).await.unwrap();
+        if i % 2 == 1 {
+            tcp.write_all(b"GET /heal").await.unwrap();
+        }
+        held.push(tcp);
+    }
+    // The webhook port is untouched by the admin port's cap.
+    assert!(served_within(&server, Duration::from_secs(2)).await);
+    // After the bounds, the admin port answers again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, _) = tokio::time::timeout(Duration::from_secs(3), server.admin_get("/healthz"))
+        .await
+        .expect("the admin port answers after its bounds");
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        server
+            .metric("evi_connections_closed_total{port=\"admin\",cause=\"header-timeout\"}")
+            .await
+            >= 8.0
+    );
+    // Unknown admin paths are JSON too.
+    let (status, body) = server.admin_get("/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.contains("\"error\""), "{body}");
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mismatched_key_swapped_in_the_kubelet_layout_is_a_counted_failure() {
+    let ca = new_ca();
+    let dir = dir();
+    let (cert, key) = leaf(&ca, "localhost");
+    kubelet_write(dir.path(), 1, &cert, &key);
+    let server = Server::start(
+        &[
+            "--tls-cert",
+            dir.path().join("tls.crt").to_str().unwrap(),
+            "--tls-key",
+            dir.path().join("tls.key").to_str().unwrap(),
+            "--reload-poll-seconds",
+            "0.2",
+        ],
+        Some(ca.pem.clone()),
+        tempfile::tempdir().unwrap(),
+    );
+    // One atomic swap to a valid certificate with another certificate's key.
+    let (cert2, _) = leaf(&ca, "localhost");
+    let (_, key3) = leaf(&ca, "localhost");
+    kubelet_write(dir.path(), 2, &cert2, &key3);
+    let t = Instant::now();
+    while server
+        .metric("evi_certificate_reloads_total{outcome=\"failure\",reason=\"key-mismatch\"}")
+        .await
+        < 1.0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the mismatched key was not counted: {:?}\n{}",
+            server.logs.lock().unwrap(),
+            server.admin_get("/metrics").await.1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let logs = server.logs.lock().unwrap().clone();
+    assert!(
+        logs.iter()
+            .any(|l| l["level"] == "ERROR" && l["reason"] == "key-mismatch"),
+        "the log says why: {logs:?}"
+    );
+    // The old certificate is still served.
+    let (_, request) = nextflow_review("after-mismatch");
+    assert_eq!(
+        review(&server, Proto::H1, &request).await["response"]["allowed"],
+        true
+    );
+    drop(dir);
 }

@@ -153,9 +153,26 @@ pub enum ServeError {
     Flag(String),
 }
 
+/// The log writer's guard: dropping it flushes the lines still buffered. Kept here so that
+/// the second-signal exit, which skips every destructor, can flush the log first.
+static LOG_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
+    std::sync::Mutex::new(None);
+
+fn flush_log() {
+    let guard = LOG_GUARD.lock().map(|mut g| g.take()).unwrap_or_default();
+    drop(guard);
+}
+
 pub fn run(args: ServeArgs) -> ExitCode {
-    // Held until the process exits, so buffered log lines are flushed at shutdown.
-    let _log_guard = init_logging(&args);
+    if let Ok(mut g) = LOG_GUARD.lock() {
+        *g = Some(init_logging(&args));
+    }
+    let code = run_logged(args);
+    flush_log();
+    code
+}
+
+fn run_logged(args: ServeArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -184,8 +201,10 @@ fn init_logging(args: &ServeArgs) -> tracing_appender::non_blocking::WorkerGuard
         .lossy(false)
         .buffered_lines_limit(4096)
         .finish(std::io::BufWriter::new(std::io::stderr()));
+    // Colours only for a person at a terminal, never in a file or a log collector.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
     let _ = match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
@@ -200,6 +219,7 @@ async fn shutdown_signal() {
     tokio::spawn(async {
         wait_signal().await;
         tracing::warn!("second signal: exiting now");
+        flush_log();
         std::process::exit(1);
     });
 }
@@ -263,15 +283,42 @@ pub async fn serve(
     };
     let body_timeout = seconds("--body-timeout-seconds", args.body_timeout_seconds)?;
 
-    let config = match &args.config {
-        Some(path) => Config::load(path).map_err(|source| ServeError::Config {
-            path: path.display().to_string(),
-            source,
-        })?,
-        None => Config::default(),
+    let config_error = |path: &std::path::Path, source| ServeError::Config {
+        path: path.display().to_string(),
+        source,
     };
+    let (config, loaded_config) = match &args.config {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                config_error(
+                    path,
+                    crate::config::ConfigError::Read {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    },
+                )
+            })?;
+            let text = String::from_utf8_lossy(&bytes);
+            let config = Config::parse(&text).map_err(|e| config_error(path, e))?;
+            (config, Some(bytes))
+        }
+        None => (Config::default(), None),
+    };
+    let mut loaded_cert = None;
     let loaded = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => tls::load_files(cert, key)?,
+        (Some(cert), Some(key)) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).map_err(|source| tls::TlsError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })
+            };
+            let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+            let loaded = tls::load_pem(&cert_pem, &key_pem)?;
+            // The bytes just loaded, as the reloader compares them (`read_pair`'s form).
+            loaded_cert = Some([cert_pem, vec![0], key_pem].concat());
+            loaded
+        }
         _ => {
             let generated = tls::self_signed(&["localhost", "127.0.0.1", "::1"])?;
             let path = args
@@ -339,6 +386,8 @@ pub async fn serve(
         let watched = reload::Watched {
             cert: args.tls_cert.clone().zip(args.tls_key.clone()),
             config: args.config.clone(),
+            loaded_cert,
+            loaded_config,
         };
         tokio::spawn(reload::run(state.clone(), watched, poll));
     }

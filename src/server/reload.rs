@@ -20,6 +20,10 @@ use crate::config::Config;
 pub struct Watched {
     pub cert: Option<(PathBuf, PathBuf)>,
     pub config: Option<PathBuf>,
+    /// The bytes in force: what was loaded at startup, not what a later read finds (a swap
+    /// between the two would otherwise never be noticed).
+    pub loaded_cert: Option<Vec<u8>>,
+    pub loaded_config: Option<Vec<u8>>,
 }
 
 #[derive(Default)]
@@ -81,11 +85,8 @@ pub async fn run(state: Arc<AppState>, watched: Watched, poll: Duration) {
     };
 
     let mut seen = Seen {
-        cert: watched
-            .cert
-            .as_ref()
-            .and_then(|(c, k)| read_pair(c, k).ok()),
-        config: watched.config.as_ref().and_then(|c| std::fs::read(c).ok()),
+        cert: watched.loaded_cert.clone(),
+        config: watched.loaded_config.clone(),
         ..Seen::default()
     };
     let mut tick = tokio::time::interval(poll);
@@ -111,6 +112,7 @@ fn parent(p: &Path) -> PathBuf {
     }
 }
 
+/// The certificate and key files as one byte string, to tell whether either changed.
 fn read_pair(cert: &Path, key: &Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = std::fs::read(cert)?;
     bytes.push(0);
@@ -134,7 +136,10 @@ fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
         && let Ok(bytes) = read_pair(cert, key)
         && seen.cert.as_ref() != Some(&bytes)
     {
-        match tls::load_files(cert, key) {
+        // Loaded from the very bytes compared: PEM never holds the NUL that separates them.
+        let split = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+        let (cert_pem, key_pem) = bytes.split_at(split);
+        match tls::load_pem(cert_pem, key_pem.get(1..).unwrap_or_default()) {
             Ok(loaded) => {
                 state.certs.swap(loaded.key);
                 state.metrics.cert_not_after.set(loaded.not_after);

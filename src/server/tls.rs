@@ -2,7 +2,7 @@
 //! resolver whose key is swapped atomically on reload. A handshake takes the key current at
 //! that moment; connections already up keep theirs.
 
-use std::{path::Path, sync::Arc};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use rustls::{
@@ -35,16 +35,6 @@ pub struct Loaded {
     pub key: Arc<CertifiedKey>,
     /// Unix time after which the leaf certificate is no longer valid.
     pub not_after: i64,
-}
-
-pub fn load_files(cert: &Path, key: &Path) -> Result<Loaded, TlsError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|source| TlsError::Read {
-            path: p.display().to_string(),
-            source,
-        })
-    };
-    load_pem(&read(cert)?, &read(key)?)
 }
 
 pub fn load_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Loaded, TlsError> {
