@@ -1354,9 +1354,7 @@ async fn a_mismatched_key_swapped_in_the_kubelet_layout_is_a_counted_failure() {
     {
         assert!(
             t.elapsed() < Duration::from_secs(5),
-            "the mismatched key was not counted: {:?}\n{}",
-            server.logs.lock().unwrap(),
-            server.admin_get("/metrics").await.1
+            "the mismatched key was not counted"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
