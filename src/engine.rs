@@ -202,7 +202,14 @@ impl Planned<'_> {
 pub fn mutate(cfg: &Config, pod: &PodView, target: Target<'_>) -> Outcome {
     match plan(cfg, pod, target) {
         Ok(outcome) => outcome,
-        Err(denial) => fail(cfg, pod, target, denial),
+        Err(mut denial) => {
+            if let Cow::Owned(cut) =
+                crate::text::bounded(&denial.message, crate::text::MESSAGE_LIMIT)
+            {
+                denial.message = cut;
+            }
+            fail(cfg, pod, target, denial)
+        }
     }
 }
 
@@ -327,7 +334,10 @@ fn collect<'a>(
             };
             let invalid = |m: String| Denial {
                 reason: DenyReason::Invalid,
-                message: format!("annotation {key}: {m}"),
+                message: format!(
+                    "annotation {key}: {}",
+                    crate::text::bounded(&m, crate::text::ECHO_LIMIT)
+                ),
             };
             if let Err(e) = validate_dns_label("volume name", name) {
                 errors.push(invalid(e.0));

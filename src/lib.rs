@@ -14,4 +14,5 @@ pub mod pod;
 pub mod quantity;
 pub mod review;
 pub mod server;
+pub mod text;
 pub mod workload;

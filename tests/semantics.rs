@@ -583,3 +583,38 @@ policy:
         assert!(errors.contains(want), "missing {want:?} in:\n{errors}");
     }
 }
+
+// === echoes of user input are bounded ===
+
+#[test]
+fn a_huge_annotation_value_comes_back_cut_with_its_length() {
+    let value = format!("type=emptyDir,mountPath=/s,{}=1", "k".repeat(1 << 20));
+    let d = decide(
+        &Config::default(),
+        &pod(json!({"ephemeral-volumes.io/s": value})),
+    );
+    assert_eq!(d.code, Some(400));
+    assert!(d.message.len() < 700, "{} bytes", d.message.len());
+    assert!(
+        d.message
+            .starts_with("annotation ephemeral-volumes.io/s: unknown field"),
+        "{:.80}",
+        d.message
+    );
+    assert!(d.message.contains("bytes in all)"), "{:.600}", d.message);
+    // Many bad annotations together stay within the message bound too.
+    let many: serde_json::Map<String, Value> = (0..64)
+        .map(|i| {
+            (
+                format!("ephemeral-volumes.io/v{i}"),
+                json!(format!("{}=1", "k".repeat(600))),
+            )
+        })
+        .collect();
+    let d = decide(&Config::default(), &pod(Value::Object(many)));
+    assert!(
+        d.message.len() <= evi::text::MESSAGE_LIMIT + 40,
+        "{} bytes",
+        d.message.len()
+    );
+}
