@@ -188,7 +188,7 @@ def test_pod_disruption_budget():
 
 def serve_flags():
     out = subprocess.run([str(BINARY), "serve", "--help"], capture_output=True, text=True, check=True).stdout
-    return set(re.findall(r"--([a-z-]+)", out))
+    return set(re.findall(r"--([a-z0-9-]+)", out))
 
 
 def test_deployment_args_are_real_serve_flags():
@@ -196,7 +196,7 @@ def test_deployment_args_are_real_serve_flags():
     (c,) = deployment(render())["spec"]["template"]["spec"]["containers"]
     assert c["args"][0] == "serve"
     for arg in c["args"][1:]:
-        m = re.fullmatch(r"--([a-z-]+)=(.*)", arg)
+        m = re.fullmatch(r"--([a-z0-9-]+)=(.*)", arg)
         assert m, f"{arg} is not --flag=value"
         assert m.group(1) in flags, f"{arg}: serve has no flag --{m.group(1)}"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -209,7 +209,7 @@ def test_deployment_args_are_real_serve_flags():
     bounds = {"header-timeout-seconds", "body-timeout-seconds", "idle-timeout-seconds", "h2-idle-timeout-seconds",
               "max-connections", "admin-max-connections", "admin-header-timeout-seconds", "admin-idle-timeout-seconds"}
     assert bounds <= flags
-    set_by_chart = {re.fullmatch(r"--([a-z-]+)=.*", a).group(1) for a in c["args"][1:]}
+    set_by_chart = {re.fullmatch(r"--([a-z0-9-]+)=.*", a).group(1) for a in c["args"][1:]}
     assert bounds <= set_by_chart, bounds - set_by_chart
 
 
