@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Faults under load: certificate rotation (kubelet Secret layout), configuration reload and
 # SIGTERM while wrk runs, then slow and hostile clients while a normal client measures latency.
-# Prints failed-request counts and latencies. Needs wrk, hey, curl, openssl, python3.
+# Then the connection-exhaustion attacks at full scale: 4,096 holders of each shape against the
+# default flags (cap 4096), with the normal client's latency, readiness and the peak RSS.
+# Prints failed-request counts and latencies. Needs wrk, hey, curl, openssl, python3 (and the
+# h2 package for the idle HTTP/2 shape: pip install h2).
 #
 #   bash benches/faults.sh      # DURATION=10 CONNS=25
 set -euo pipefail
@@ -51,6 +54,7 @@ hey_errors() { local e; e=$(awk '/Error distribution/,0' "$1" | tail -n +2 | tr 
 wrk_total() { awk '/requests in/ {print $1}' "$1"; }
 metric() { curl -s localhost:18080/metrics | awk -v m="$1" '$1 == m {print $2}'; }
 
+if [ -z "${ONLY_HOLDERS:-}" ]; then
 echo "| fault during load | wrk keep-alive ($CONNS conns): requests | failed | hey new connection per request (5): requests | failed |"
 echo "|---|---|---|---|---|"
 
@@ -63,7 +67,7 @@ H=$!
 for n in 2 3 4 5; do sleep $(( DURATION / 5 )); kubelet_write $n; done
 wait $W $H
 served=$(echo | openssl s_client -connect 127.0.0.1:443 -servername localhost 2>/dev/null | openssl x509 -noout -subject)
-echo "| certificate rotation x4 (now serving: ${served#subject=}; reloads ok: $(metric 'evi_certificate_reloads_total{outcome="success"}')) | $(wrk_total "$work/wrk1.txt") | $(wrk_errors "$work/wrk1.txt") | $(hey_total "$work/hey1.txt") | $(hey_errors "$work/hey1.txt") |"
+echo "| certificate rotation x4 (now serving: ${served#subject=}; reloads ok: $(metric 'evi_certificate_reloads_total{outcome="success",reason=""}')) | $(wrk_total "$work/wrk1.txt") | $(wrk_errors "$work/wrk1.txt") | $(hey_total "$work/hey1.txt") | $(hey_errors "$work/hey1.txt") |"
 
 # 2. Configuration reload: good, bad, good.
 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$work/post.lua" https://localhost/mutate > "$work/wrk2.txt" &
@@ -74,7 +78,7 @@ sleep $(( DURATION / 4 )); printf 'profiles:\n  tmp: {mountPath: /b, emptyDir: {
 sleep $(( DURATION / 4 )); printf 'profiles: [this is not a map\n' > "$work/config.yaml"
 sleep $(( DURATION / 4 )); printf 'profiles:\n  tmp: {mountPath: /c, emptyDir: {sizeLimit: 1Gi}}\n' > "$work/config.yaml"
 wait $W $H
-echo "| configuration reload good/bad/good (ok: $(metric 'evi_config_reloads_total{outcome="success"}'), refused: $(metric 'evi_config_reloads_total{outcome="failure"}')) | $(wrk_total "$work/wrk2.txt") | $(wrk_errors "$work/wrk2.txt") | $(hey_total "$work/hey2.txt") | $(hey_errors "$work/hey2.txt") |"
+echo "| configuration reload good/bad/good (ok: $(metric 'evi_config_reloads_total{outcome="success",reason=""}'), refused: $(metric 'evi_config_reloads_total{outcome="failure",reason="invalid"}')) | $(wrk_total "$work/wrk2.txt") | $(wrk_errors "$work/wrk2.txt") | $(hey_total "$work/hey2.txt") | $(hey_errors "$work/hey2.txt") |"
 
 # 3. SIGTERM mid-run; the drain delay outlasts the load, as endpoint removal would.
 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$work/post.lua" https://localhost/mutate > "$work/wrk3.txt" &
@@ -138,3 +142,28 @@ echo "| quiet | $(lat "$work/quiet.txt") | $(hey_errors "$work/quiet.txt") |"
 echo "| with 3,000 idle TCP connections, 200 TLS clients trickling headers, 4 clients sending 8 MiB bodies | $(lat "$work/attack-normal.txt") | $(hey_errors "$work/attack-normal.txt") |"
 echo "attackers: $(tail -1 "$work/attack.txt"); server peak RSS $(awk '/VmHWM/ {print $2}' /proc/$PID/status) KiB"
 kill -TERM "$PID"; wait "$PID" || true
+
+fi
+normal() { hey -z "${DURATION}s" -c 4 -q 50 -m POST -T application/json -D "$BODY" https://localhost/mutate > "$1"; }
+lat() { awk '/ 50% in/ {p50=$3} / 99% in/ {p99=$3} END {printf "p50 %.1f ms, p99 %.1f ms", p50*1000, p99*1000}' "$1"; }
+
+# 5. Connection exhaustion at full scale: 4,096 holders of one shape (the default cap) while the
+#    normal client sends 200 requests/s. With every slot held the webhook waits for one to free
+#    and reports not ready; the bounds free them (header 5 s, body 10 s, HTTP/2 idle 60 s).
+HOLD="${HOLD:-4096}"
+echo
+echo "| $HOLD holders (default flags) | normal client latency | errors | /readyz during | cut by the server |"
+echo "|---|---|---|---|---|"
+for shape in h2-no-preface h1-no-body h1-trickle h2-idle; do
+  start
+  python3 benches/holders.py "$shape" "$HOLD" "$(( DURATION + 4 ))" > "$work/hold-$shape.txt" 2>&1 &
+  A=$!
+  sleep 4
+  readys=""
+  ( for _ in 1 2 3; do sleep $(( DURATION / 3 )); curl -s -o /dev/null -w '%{http_code} ' localhost:18080/readyz; done ) > "$work/ready-$shape.txt" &
+  R=$!
+  normal "$work/hold-normal-$shape.txt"
+  wait $A $R || true
+  echo "| $shape | $(lat "$work/hold-normal-$shape.txt") | $(hey_errors "$work/hold-normal-$shape.txt") | $(cat "$work/ready-$shape.txt") | $(tail -1 "$work/hold-$shape.txt"); at cap $(metric 'evi_connections_at_capacity_total{port="webhook"}') times; RSS peak $(awk '/VmHWM/ {print $2}' /proc/$PID/status) KiB |"
+  kill -TERM "$PID"; wait "$PID" || true
+done
