@@ -154,7 +154,7 @@ HOLD="${HOLD:-4096}"
 echo
 echo "| $HOLD holders (default flags) | normal client latency | errors | /readyz during | cut by the server |"
 echo "|---|---|---|---|---|"
-for shape in h2-no-preface h1-no-body h1-trickle h2-idle; do
+for shape in ${SHAPES:-h2-no-preface h1-no-body h1-trickle h2-idle}; do
   start
   python3 benches/holders.py "$shape" "$HOLD" "$(( DURATION + 4 ))" > "$work/hold-$shape.txt" 2>&1 &
   A=$!

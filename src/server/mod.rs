@@ -607,14 +607,9 @@ async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match tokio::time::timeout(
-        state.body_timeout,
-        axum::body::to_bytes(req.into_body(), limit),
-    )
-    .await
-    {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) if is_length_limit(&e) => Err(too_large()),
+    match tokio::time::timeout(state.body_timeout, collect(req.into_body(), limit)).await {
+        Ok(Ok(Some(bytes))) => Ok(bytes),
+        Ok(Ok(None)) => Err(too_large()),
         Ok(Err(e)) => Err(json_error(
             StatusCode::BAD_REQUEST,
             &format!("cannot read the request body: {e}"),
@@ -629,15 +624,25 @@ async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Byte
     }
 }
 
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
+/// The body's bytes, copied out of each frame as it arrives (`None` past `limit`). A frame
+/// borrows hyper's read buffer: keeping a body of many small frames as frames would hold a
+/// whole buffer per byte of a trickling client.
+async fn collect(mut body: axum::body::Body, limit: usize) -> Result<Option<Bytes>, axum::Error> {
+    use http_body_util::BodyExt as _;
+    let mut out = Vec::with_capacity(
+        usize::try_from(hyper::body::Body::size_hint(&body).lower())
+            .unwrap_or(0)
+            .min(limit),
+    );
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if out.len() + data.len() > limit {
+                return Ok(None);
+            }
+            out.extend_from_slice(&data);
         }
-        source = err.source();
     }
-    false
+    Ok(Some(Bytes::from(out)))
 }
 
 async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
