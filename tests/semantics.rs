@@ -59,6 +59,15 @@ fn decide(cfg: &Config, pod: &Value) -> Decision {
     }
 }
 
+/// The pod's volume of that name.
+fn volume(pod: &Value, name: &str) -> Value {
+    pod["spec"]["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no volume {name} in {pod}"))
+}
+
 fn cfg(yaml: &str) -> Config {
     Config::parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"))
 }
@@ -259,13 +268,7 @@ fn default_size_limits_respect_every_cap_and_skip_huge_pages() {
     );
     let d = decide(&c, &p);
     assert_eq!(d.verdict, Verdict::Mutated, "{}", d.message);
-    let vol = d.mutated["spec"]["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "hp")
-        .unwrap()
-        .clone();
+    let vol = volume(&d.mutated, "hp");
     assert_eq!(
         vol["emptyDir"],
         json!({"medium": "HugePages-2Mi", "sizeLimit": "4Gi"})
@@ -275,13 +278,7 @@ fn default_size_limits_respect_every_cap_and_skip_huge_pages() {
     );
     p["spec"]["containers"][0]["resources"] = json!({});
     let d = decide(&c, &p);
-    let vol = d.mutated["spec"]["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "hp")
-        .unwrap()
-        .clone();
+    let vol = volume(&d.mutated, "hp");
     assert_eq!(
         vol["emptyDir"],
         json!({"medium": "HugePages"}),

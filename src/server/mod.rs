@@ -394,7 +394,7 @@ pub async fn serve(
 
     let webhook_port = Port {
         name: "webhook",
-        app: webhook_router(state.clone(), args.max_body_bytes),
+        app: webhook_router(state.clone()),
         tls: Some(acceptor),
         bounds: webhook_bounds,
         cap: args.max_connections.max(1),
@@ -542,8 +542,7 @@ async fn accept_loop(
 
 // === the webhook ===
 
-pub fn webhook_router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
-    let _ = max_body_bytes; // read from the state, where the handler finds it
+pub fn webhook_router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .method_not_allowed_fallback(|| async {
@@ -797,7 +796,7 @@ mod tests {
             .header("content-type", "application/json")
             .body(axum::body::Body::from(serde_json::to_vec(body).unwrap()))
             .unwrap();
-        let response = webhook_router(state.clone(), 1 << 20)
+        let response = webhook_router(state.clone())
             .oneshot(request)
             .await
             .unwrap();

@@ -109,10 +109,15 @@ class PKI:
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager on loopback, and a kubeconfig."""
 
-    def __init__(self, workdir: Path | None = None, bindir: Path | None = None):
+    def __init__(self, workdir: Path | None = None, bindir: Path | None = None,
+                 apiserver: str = "kube-apiserver", controllers: bool = True):
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="evi-controlplane-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bin = bindir or binaries_dir()
+        # Another kube-apiserver build in the same directory (an older release), and whether
+        # to run kube-controller-manager beside it.
+        self.apiserver = apiserver
+        self.controllers = controllers
         self.procs: dict[str, subprocess.Popen] = {}
         self.kubeconfig = self.dir / "kubeconfig"
         self.api_port = free_port()
@@ -126,7 +131,8 @@ class ControlPlane:
             self._start_etcd()
             self._start_apiserver()
             self._wait_ready(started + timeout)
-            self._start_controller_manager()
+            if self.controllers:
+                self._start_controller_manager()
         except BaseException:
             self.stop()
             raise
@@ -166,7 +172,7 @@ class ControlPlane:
     def _start_apiserver(self) -> None:
         p = self.pki
         self.procs["kube-apiserver"] = start_process([
-            str(self.bin / "kube-apiserver"),
+            str(self.bin / self.apiserver),
             "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--secure-port", str(self.api_port),
