@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the control plane the end-to-end tests run against from the Go module proxy:
 # kube-apiserver and kube-controller-manager from k8s.io/kubernetes (go.mod here), etcd from
-# go.etcd.io/etcd (etcd/go.mod). The binaries are cached under
+# go.etcd.io/etcd (etcd/go.mod), and an older kube-apiserver (v1.29/go.mod) for the chart's
+# compatibility paths. The binaries are cached under
 # $EVI_TOOLS_DIR/controlplane/<versions>-<go.sum hash>/, so only a fresh machine builds them.
 #   bash tests/controlplane/build.sh            build if missing, print the directory
 set -euo pipefail
@@ -11,11 +12,13 @@ TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 version_of() { awk -v m="$1" '$1 == m { print $2; exit }' "$2"; }
 k8s_version="$(version_of k8s.io/kubernetes "$here/go.mod")"
 etcd_version="$(version_of go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")"
-[ -n "$k8s_version" ] && [ -n "$etcd_version" ] || { echo "build.sh: versions not found in go.mod" >&2; exit 2; }
-sum="$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)"
+old_version="$(version_of k8s.io/kubernetes "$here/v1.29/go.mod")"
+[ -n "$k8s_version" ] && [ -n "$etcd_version" ] && [ -n "$old_version" ] || { echo "build.sh: versions not found in go.mod" >&2; exit 2; }
+sum="$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/v1.29/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)"
 out="$TOOLS_DIR/controlplane/k8s-$k8s_version-etcd-$etcd_version-$sum"
 
-if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && [ -x "$out/etcd" ]; then
+if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && [ -x "$out/etcd" ] \
+  && [ -x "$out/kube-apiserver-$old_version" ]; then
   echo "$out"
   exit 0
 fi
@@ -26,15 +29,21 @@ export GOFLAGS="-mod=readonly -trimpath"
 export CGO_ENABLED=0
 # The version the components report (/version, which helm's .Capabilities.KubeVersion reads),
 # set as Kubernetes' own build does (hack/lib/version.sh).
-minor="${k8s_version#v1.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-  ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
+version_ldflags() { # version
+  local minor="${1#v1.}" flags="-s -w" pkg
+  minor="${minor%%.*}"
+  for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    flags+=" -X $pkg.gitVersion=$1 -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
 echo "building kube-apiserver and kube-controller-manager $k8s_version (a few minutes on a fresh machine)" >&2
-(cd "$here" && go build -ldflags "$ldflags" -o "$out.tmp/" \
+(cd "$here" && go build -ldflags "$(version_ldflags "$k8s_version")" -o "$out.tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager) >&2
+echo "building kube-apiserver $old_version" >&2
+(cd "$here/v1.29" && go build -ldflags "$(version_ldflags "$old_version")" \
+  -o "$out.tmp/kube-apiserver-$old_version" k8s.io/kubernetes/cmd/kube-apiserver) >&2
 echo "building etcd $etcd_version" >&2
 (cd "$here/etcd" && go build -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3) >&2
 rm -rf "$out"
