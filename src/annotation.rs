@@ -132,6 +132,9 @@ pub struct VolumeRequest {
     pub source: Source,
     /// Only set for profile requests: inline sizes are folded into the source.
     pub size: Option<String>,
+    /// `size=request`: the size is the targeted containers' `ephemeral-storage` request (the
+    /// largest), decided per pod; the source carries none.
+    pub size_from_request: bool,
     pub mount_path: Option<String>,
     pub read_only: Option<bool>,
     pub sub_path: Option<String>,
@@ -184,6 +187,7 @@ impl VolumeRequest {
         VolumeRequest {
             source: Source::Profile(name.to_owned()),
             size: None,
+            size_from_request: false,
             mount_path: None,
             read_only: None,
             sub_path: None,
@@ -424,6 +428,8 @@ struct Raw<'a> {
     csi: Option<&'a Value>,
     ephemeral: Option<&'a Value>,
     size: Option<&'a str>,
+    /// `size=request`, which fits every source but CSI (kept apart from the quantity shorthand).
+    size_request: bool,
     medium: Option<&'a str>,
     storage_class: Option<&'a str>,
     access_mode: Option<&'a str>,
@@ -505,6 +511,13 @@ impl<'a> Raw<'a> {
             self.note_shorthand(key);
             return Ok(());
         }
+        if key == "size" && val.string(key)? == "request" {
+            if self.size_request || self.size.is_some() {
+                return bad("size is given twice");
+            }
+            self.size_request = true;
+            return Ok(());
+        }
         let shorthand = matches!(
             key,
             "size" | "medium" | "storageClass" | "accessMode" | "driver" | "fsType"
@@ -522,6 +535,7 @@ impl<'a> Raw<'a> {
             "emptyDir" => put(&mut self.empty_dir, key, val.object(key)?),
             "csi" => put(&mut self.csi, key, val.object(key)?),
             "ephemeral" => put(&mut self.ephemeral, key, val.object(key)?),
+            "size" if self.size_request => bad("size is given twice"),
             "size" => put(&mut self.size, key, val.string(key)?),
             "medium" => put(&mut self.medium, key, val.string(key)?),
             "storageClass" => put(&mut self.storage_class, key, val.string(key)?),
@@ -610,7 +624,10 @@ impl<'a> Raw<'a> {
                 return bad("no volume source");
             }
         };
-        validate_source(&source)?;
+        if self.size_request && matches!(source, Source::Csi(_)) {
+            return bad("size=request does not apply to a CSI inline volume");
+        }
+        validate_source(&source, self.size_request)?;
 
         if let Some(p) = self.mount_path {
             validate_mount_path(p)?;
@@ -632,6 +649,7 @@ impl<'a> Raw<'a> {
         Ok(VolumeRequest {
             source,
             size: size_override,
+            size_from_request: self.size_request,
             mount_path: self.mount_path.map(normalize_path),
             read_only: self.read_only,
             sub_path: self.sub_path.map(str::to_owned),
@@ -676,8 +694,14 @@ impl<'a> Raw<'a> {
             }
             VolumeKind::Ephemeral => {
                 only(Fit::Ephemeral, &|| "type=ephemeral".to_owned())?;
-                let Some(size) = self.size.map(str::to_owned) else {
-                    return bad("type=ephemeral needs size=<quantity>, e.g. size=100Gi");
+                let size = match (self.size, self.size_request) {
+                    (Some(size), _) => Some(size.to_owned()),
+                    (None, true) => None,
+                    (None, false) => {
+                        return bad(
+                            "type=ephemeral needs size=<quantity> (e.g. size=100Gi) or size=request",
+                        );
+                    }
                 };
                 let access = self.access_mode.unwrap_or("ReadWriteOnce").to_owned();
                 Source::Ephemeral(Box::new(EphemeralVolumeSource {
@@ -686,7 +710,7 @@ impl<'a> Raw<'a> {
                         spec: PersistentVolumeClaimSpec {
                             access_modes: Some(vec![access]),
                             storage_class_name: self.storage_class.map(str::to_owned),
-                            resources: Some(VolumeResourceRequirements {
+                            resources: size.map(|size| VolumeResourceRequirements {
                                 requests: Some(BTreeMap::from([(
                                     "storage".to_owned(),
                                     K8sQuantity(size),
@@ -766,7 +790,8 @@ const ACCESS_MODES: [&str; 4] = [
 ];
 
 /// Checks what Kubernetes itself would reject later, so the user hears it from us with the key.
-pub fn validate_source(source: &Source) -> Result<(), GrammarError> {
+/// `sized_later`: the size comes from the pod (`size=request`), so a PVC may have none yet.
+pub fn validate_source(source: &Source, sized_later: bool) -> Result<(), GrammarError> {
     match source {
         Source::Profile(p) => validate_profile_name(p),
         Source::EmptyDir(e) => {
@@ -842,6 +867,7 @@ pub fn validate_source(source: &Source) -> Result<(), GrammarError> {
                 .and_then(|r| r.get("storage"));
             match storage {
                 Some(q) => parse_size("size", &q.0).map(|_| ()),
+                None if sized_later => Ok(()),
                 None => {
                     bad("ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required")
                 }

@@ -426,7 +426,8 @@ fn check_rule(
                 ),
             });
         }
-        if let (Some(_), Some((p, profile))) = (&req.size, profile)
+        if let Some((p, profile)) = profile
+            && (req.size.is_some() || req.size_from_request)
             && profile.source.kind() == Some(VolumeKind::Csi)
         {
             errors.push(format!(

@@ -400,6 +400,7 @@ fn resolve<'a>(
     let VolumeRequest {
         source: requested,
         size: size_override,
+        size_from_request,
         mount_path,
         read_only,
         sub_path,
@@ -423,10 +424,10 @@ fn resolve<'a>(
             // A profile used as is (no size override, no default size to add) needs neither
             // a copy of its source nor checks: its bytes were written when it was loaded.
             let as_is = cfg.profile_sources.get(&p).filter(|c| {
-                size_override.is_none()
-                    && !(policy.require_size_limit
-                        && c.kind == VolumeKind::EmptyDir
-                        && c.size.is_none())
+                let sized_here = size_override.is_some() || size_from_request;
+                let needs_default =
+                    policy.require_size_limit && c.kind == VolumeKind::EmptyDir && c.size.is_none();
+                !(sized_here || profile.size_from_request || needs_default)
             });
             let source = match as_is {
                 Some(c) => Resolved::Compiled(c),
@@ -455,6 +456,15 @@ fn resolve<'a>(
     let containers = or_profile(containers, base, |b| b.containers.as_deref());
     let init = or_profile(init_containers, base, |b| b.init_containers.as_ref());
     let env = or_profile(env, base, |b| b.env.as_deref());
+    let (containers, init_containers) = targets(pod, containers, init.as_deref(), &at)?;
+    // size=request: from the pod's own requests, unless a size is given here; a profile's
+    // default `size: request` gives way to an explicit size.
+    let size_from_request =
+        size_from_request || (size_override.is_none() && base.is_some_and(|b| b.size_from_request));
+    let size_override = match size_from_request {
+        true => Some(requested_size(pod, &containers, &init_containers).map_err(invalid)?),
+        false => size_override,
+    };
 
     let (kind, volume, size, medium) = match source {
         Resolved::Compiled(c) => (
@@ -476,8 +486,8 @@ fn resolve<'a>(
             }
             let (size, medium) = size_of(&source).map_err(invalid)?;
 
-            if checked && (!from_profile || size_override.is_some()) {
-                if !from_profile && !policy.types.contains(&kind) {
+            if checked && !from_profile {
+                if !policy.types.contains(&kind) {
                     return Err(forbidden(format!(
                         "type {kind} is not allowed by policy.types ({})",
                         policy
@@ -488,9 +498,11 @@ fn resolve<'a>(
                             .join(", ")
                     )));
                 }
-                if !from_profile {
-                    check_allowlists(policy, &source).map_err(forbidden)?;
-                }
+                check_allowlists(policy, &source).map_err(forbidden)?;
+            }
+            // A size an annotation chose, or one taken from the pod's own requests (whatever
+            // asked for it: the pod's word), is held to policy.maxSize.
+            if (checked && (!from_profile || size_override.is_some())) || size_from_request {
                 // HugePages are sized by the pod's hugepages resources: no disk or memory cap.
                 let max = match (kind, medium) {
                     (VolumeKind::EmptyDir, Medium::Memory) => {
@@ -523,35 +535,6 @@ fn resolve<'a>(
         }
     };
 
-    let find = |list: &[ContainerView], names: &[String], what: &str| {
-        names
-            .iter()
-            .map(|n| {
-                list.iter()
-                    .position(|c| *c.name == **n)
-                    .ok_or_else(|| Denial {
-                        reason: DenyReason::Conflict,
-                        message: format!(
-                            "{}: {what} {n:?} is not in the pod ({what}s: {})",
-                            at(),
-                            list.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
-                        ),
-                    })
-            })
-            .collect::<Result<Vec<usize>, Denial>>()
-    };
-    let containers = match containers {
-        Some(names) => Targets::Listed(find(pod.containers(), &names, "container")?),
-        None => Targets::All,
-    };
-    let init_containers = match init.as_deref() {
-        None | Some(InitTargets::None) => Targets::Listed(Vec::new()),
-        Some(InitTargets::All) => Targets::All,
-        Some(InitTargets::Named(names)) => {
-            Targets::Listed(find(pod.init_containers(), names, "init container")?)
-        }
-    };
-
     if medium == Medium::Memory && pod.is_windows() {
         return Err(Denial {
             reason: DenyReason::Conflict,
@@ -577,6 +560,93 @@ fn resolve<'a>(
         medium,
         origin,
     })
+}
+
+/// The containers and init containers a volume is mounted in.
+fn targets(
+    pod: &PodView,
+    containers: Option<Cow<'_, [String]>>,
+    init: Option<&InitTargets>,
+    at: &dyn Fn() -> String,
+) -> Result<(Targets, Targets), Denial> {
+    let find = |list: &[ContainerView], names: &[String], what: &str| {
+        names
+            .iter()
+            .map(|n| {
+                list.iter()
+                    .position(|c| *c.name == **n)
+                    .ok_or_else(|| Denial {
+                        reason: DenyReason::Conflict,
+                        message: format!(
+                            "{}: {what} {n:?} is not in the pod ({what}s: {})",
+                            at(),
+                            list.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
+                        ),
+                    })
+            })
+            .collect::<Result<Vec<usize>, Denial>>()
+    };
+    let containers = match containers {
+        Some(names) => Targets::Listed(find(pod.containers(), &names, "container")?),
+        None => Targets::All,
+    };
+    let init_containers = match init {
+        None | Some(InitTargets::None) => Targets::Listed(Vec::new()),
+        Some(InitTargets::All) => Targets::All,
+        Some(InitTargets::Named(names)) => {
+            Targets::Listed(find(pod.init_containers(), names, "init container")?)
+        }
+    };
+    Ok((containers, init_containers))
+}
+
+/// `size=request`: the largest `ephemeral-storage` request of the targeted containers (what
+/// Nextflow's `disk` directive sets). None of them having one is an error naming them.
+fn requested_size(
+    pod: &PodView,
+    containers: &Targets,
+    init_containers: &Targets,
+) -> Result<String, String> {
+    let targeted: Vec<&ContainerView> = pod
+        .containers()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| containers.contains(*i))
+        .chain(
+            pod.init_containers()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| init_containers.contains(*i)),
+        )
+        .map(|(_, c)| c)
+        .collect();
+    let mut largest: Option<Quantity> = None;
+    for c in &targeted {
+        let request = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.ephemeral_storage.as_ref());
+        if let Some(q) = request {
+            let q = q
+                .parse::<Quantity>()
+                .map_err(|e| format!("size=request: container {}: {e}", c.name))?;
+            largest = largest.max(Some(q));
+        }
+    }
+    match largest {
+        Some(q) if !q.is_zero() => Ok(q.to_string()),
+        _ => Err(format!(
+            "size=request, but {} (set one, e.g. with Nextflow's disk directive, or give a size)",
+            match targeted.as_slice() {
+                [one] => format!("container {} has no ephemeral-storage request", one.name),
+                many => format!(
+                    "none of the containers {} has an ephemeral-storage request",
+                    many.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        )),
+    }
 }
 
 /// The request's value for a field, else the profile's (borrowed from the configuration).

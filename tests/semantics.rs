@@ -210,6 +210,10 @@ fn configurations_that_can_never_inject_are_refused_naming_the_place() {
             "profiles: {s: {mountPath: /s, csi: {driver: x.csi.k8s.io}}}\nrules: [{name: r, volumes: {s: \"profile=s,size=1Gi\"}}]",
             "size does not apply to profile \"s\", a CSI inline volume",
         ),
+        (
+            "profiles: {s: {mountPath: /s, csi: {driver: x.csi.k8s.io}}}\nrules: [{name: r, volumes: {s: \"profile=s,size=request\"}}]",
+            "size does not apply to profile \"s\", a CSI inline volume",
+        ),
     ] {
         let errors = config_errors(yaml);
         assert!(
@@ -614,4 +618,136 @@ fn a_huge_annotation_value_comes_back_cut_with_its_length() {
         "{} bytes",
         d.message.len()
     );
+}
+
+// === size=request: the size follows the pod's own ephemeral-storage request ===
+
+fn two_containers(first: Option<&str>, second: Option<&str>, annotations: Value) -> Value {
+    let mut p = pod(annotations);
+    let c = |name: &str, req: Option<&str>| {
+        let mut c = json!({"name": name, "image": "busybox"});
+        if let Some(r) = req {
+            c["resources"] = json!({"requests": {"ephemeral-storage": r}});
+        }
+        c
+    };
+    p["spec"]["containers"] = json!([c("a", first), c("b", second)]);
+    p
+}
+
+#[test]
+fn size_request_takes_the_largest_ephemeral_storage_request_of_the_targets() {
+    let c = cfg(r#"
+profiles:
+  scratch:
+    mountPath: /scratch
+    size: request
+    ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], storageClassName: gp3}}}
+policy: {maxSize: {ephemeral: 100Gi}}
+"#);
+    let storage = |d: &Decision, name: &str| {
+        volume(&d.mutated, name)["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"].clone()
+    };
+    // The Nextflow pod's one container asks for 10Gi (its disk directive).
+    for (annotation, want) in [
+        (
+            "type=ephemeral,storageClass=gp3,size=request,mountPath=/s",
+            json!("10Gi"),
+        ),
+        (
+            r#"{"size":"request","mountPath":"/s","ephemeral":{"volumeClaimTemplate":{"spec":{"accessModes":["ReadWriteOnce"]}}}}"#,
+            json!("10Gi"),
+        ),
+        ("scratch", json!("10Gi")),
+        ("profile=scratch,size=50Gi", json!("50Gi")),
+    ] {
+        let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": annotation})));
+        assert_eq!(d.verdict, Verdict::Mutated, "{annotation}: {}", d.message);
+        assert_eq!(storage(&d, "s"), want, "{annotation}");
+        // Idempotent: the second call finds the same size already there.
+        let again = decide(&c, &d.mutated);
+        assert_eq!(again.mutated, d.mutated, "{annotation}");
+    }
+    let d = decide(
+        &c,
+        &pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,size=request,mountPath=/s"})),
+    );
+    assert_eq!(
+        volume(&d.mutated, "s")["emptyDir"],
+        json!({"sizeLimit": "10Gi"})
+    );
+    // Several targets: the largest; named targets: theirs.
+    let d = decide(
+        &c,
+        &two_containers(
+            Some("5Gi"),
+            Some("20Gi"),
+            json!({"ephemeral-volumes.io/s": "scratch"}),
+        ),
+    );
+    assert_eq!(storage(&d, "s"), json!("20Gi"));
+    let d = decide(
+        &c,
+        &two_containers(
+            Some("5Gi"),
+            Some("20Gi"),
+            json!({"ephemeral-volumes.io/s": "profile=scratch,containers=a"}),
+        ),
+    );
+    assert_eq!(storage(&d, "s"), json!("5Gi"));
+    let d = decide(
+        &c,
+        &two_containers(
+            None,
+            Some("3Gi"),
+            json!({"ephemeral-volumes.io/s": "scratch"}),
+        ),
+    );
+    assert_eq!(storage(&d, "s"), json!("3Gi"));
+}
+
+#[test]
+fn size_request_without_a_request_or_over_policy_is_refused() {
+    let c = cfg(
+        "policy: {maxSize: {ephemeral: 15Gi}}\nrules: [{name: nf, podSelector: {matchLabels: {nextflow.io/app: nextflow}}, volumes: {work: \"type=ephemeral,size=request,mountPath=/work\"}}]",
+    );
+    for (p, code, want) in [
+        (
+            two_containers(
+                None,
+                None,
+                json!({"ephemeral-volumes.io/s": "type=emptyDir,size=request,mountPath=/s"}),
+            ),
+            400,
+            "size=request, but none of the containers a, b has an ephemeral-storage request",
+        ),
+        (
+            two_containers(
+                None,
+                Some("1Gi"),
+                json!({"ephemeral-volumes.io/s": "type=emptyDir,size=request,mountPath=/s,containers=a"}),
+            ),
+            400,
+            "size=request, but container a has no ephemeral-storage request",
+        ),
+        (
+            two_containers(Some("20Gi"), None, json!({})),
+            403,
+            "rule nf, volume work: size 20Gi exceeds policy.maxSize.ephemeral (15Gi)",
+        ),
+        (
+            pod(
+                json!({"ephemeral-volumes.io/s": "type=csi,driver=d.io,size=request,mountPath=/s"}),
+            ),
+            400,
+            "size=request does not apply to a CSI inline volume",
+        ),
+    ] {
+        let d = decide(&c, &p);
+        assert_eq!(d.code, Some(code), "{want}: {}", d.message);
+        assert!(d.message.contains(want), "want {want:?}, got {}", d.message);
+    }
+    // The rule's own request-sized volume within policy.
+    let d = decide(&c, &two_containers(Some("10Gi"), None, json!({})));
+    assert_eq!(d.verdict, Verdict::Mutated, "{}", d.message);
 }
