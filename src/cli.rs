@@ -9,6 +9,7 @@ use std::{
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
+    cluster::ClusterState,
     config::{Config, ConfigError},
     server::ServeArgs,
     workload,
@@ -48,6 +49,11 @@ pub struct MutateArgs {
     /// Configuration file (the same one `serve --config` reads); built-in defaults without it.
     #[arg(long, env = "EVI_CONFIG")]
     pub config: Option<PathBuf>,
+    /// CSIDriver and StorageClass objects for the cluster checks, as `kubectl get
+    /// csidrivers,storageclasses -o yaml` prints them (a List or a multi-document stream).
+    /// Without it the checks are off.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
     /// Namespace to match rules against (default: the object's, else `default`).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
@@ -109,6 +115,16 @@ fn mutate(args: &MutateArgs) -> ExitCode {
         },
         None => Config::default(),
     };
+    let cluster = match &args.cluster {
+        Some(path) => match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| ClusterState::parse(&t).map_err(|e| e.to_string()))
+        {
+            Ok(c) => Some(c),
+            Err(e) => return usage(format!("cluster objects {}: {e}", path.display())),
+        },
+        None => None,
+    };
     let mut text = String::new();
     let read = if args.file == "-" {
         std::io::stdin().read_to_string(&mut text).map(|_| ())
@@ -132,10 +148,11 @@ fn mutate(args: &MutateArgs) -> ExitCode {
         } else {
             String::new()
         };
-        let preview = match workload::preview(&cfg, object, args.namespace.as_deref()) {
-            Ok(p) => p,
-            Err(e) => return usage(format!("{}: {which}{e}", args.file)),
-        };
+        let preview =
+            match workload::preview(&cfg, cluster.as_ref(), object, args.namespace.as_deref()) {
+                Ok(p) => p,
+                Err(e) => return usage(format!("{}: {which}{e}", args.file)),
+            };
         for w in &preview.outcome.warnings {
             eprintln!("warning: {which}{w}");
         }

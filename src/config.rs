@@ -41,6 +41,7 @@ pub enum OnError {
 struct FileConfig {
     annotation_prefix: Option<String>,
     on_error: Option<OnError>,
+    cluster_checks: Option<crate::cluster::Mode>,
     profiles: BTreeMap<String, Value>,
     /// With their place in the file: a rule that failed to read keeps the others' numbers.
     rules: Vec<(usize, FileRule)>,
@@ -89,7 +90,12 @@ pub struct Config {
     /// The two keys as JSON-pointer tokens (RFC 6901), computed once.
     pub injected_token: String,
     pub error_token: String,
+    /// `injector.<prefix>/cluster-check`, written under `clusterChecks: warn` when the cluster
+    /// lacks what a volume needs; and its token.
+    pub cluster_check_key: String,
+    pub cluster_check_token: String,
     pub on_error: OnError,
+    pub cluster_checks: crate::cluster::Mode,
     pub profiles: BTreeMap<String, VolumeRequest>,
     /// Each profile's source, serialised at load (see [`CompiledSource`]).
     pub profile_sources: BTreeMap<String, CompiledSource>,
@@ -171,7 +177,13 @@ impl Config {
             error_key: format!("injector.{prefix}/error"),
             injected_token: format!("injector.{}~1injected", crate::patch::escape(prefix)),
             error_token: format!("injector.{}~1error", crate::patch::escape(prefix)),
+            cluster_check_key: format!("injector.{prefix}/cluster-check"),
+            cluster_check_token: format!(
+                "injector.{}~1cluster-check",
+                crate::patch::escape(prefix)
+            ),
             on_error: OnError::Deny,
+            cluster_checks: crate::cluster::Mode::default(),
             profiles: BTreeMap::new(),
             profile_sources: BTreeMap::new(),
             rules: Vec::new(),
@@ -234,9 +246,7 @@ impl FileConfig {
             match key.as_str() {
                 "annotationPrefix" => file.annotation_prefix = part(v, &key, errors),
                 "onError" => file.on_error = part(v, &key, errors),
-                "clusterChecks" => {
-                    errors.push("clusterChecks: cluster checks are not available in this version of the webhook".to_owned());
-                }
+                "clusterChecks" => file.cluster_checks = part(v, &key, errors),
                 "profiles" => file.profiles = part(v, &key, errors).unwrap_or_default(),
                 "rules" => match v {
                     Value::Array(rules) => {
@@ -251,7 +261,7 @@ impl FileConfig {
                 },
                 "policy" => file.policy = FilePolicy::read(v, errors),
                 other => errors.push(format!(
-                    "unknown field {other:?}; the fields are annotationPrefix, onError, profiles, rules, policy"
+                    "unknown field {other:?}; the fields are annotationPrefix, onError, clusterChecks, profiles, rules, policy"
                 )),
             }
         }
@@ -298,6 +308,7 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
     }
     let mut cfg = Config::with_prefix(&prefix);
     cfg.on_error = file.on_error.unwrap_or_default();
+    cfg.cluster_checks = file.cluster_checks.unwrap_or_default();
 
     for (name, value) in &file.profiles {
         let at = format!("profiles.{name}");

@@ -10,6 +10,7 @@ use crate::{
     annotation::{
         InitTargets, Medium, Source, VolumeKind, VolumeRequest, normalize_path, validate_dns_label,
     },
+    cluster::{ClusterState, Finding, Mode as ClusterMode},
     config::{CompiledSource, Config, OnError},
     patch::{Entry, EnvValue, MetadataWith, MountValue, Patch},
     pod::{ContainerView, PodView},
@@ -25,6 +26,8 @@ pub enum DenyReason {
     Policy,
     /// Legal on its own, but clashes with the pod (422).
     Conflict,
+    /// The cluster cannot provide the volume: no such CSIDriver or StorageClass (422).
+    Cluster,
 }
 
 impl DenyReason {
@@ -32,7 +35,16 @@ impl DenyReason {
         match self {
             DenyReason::Invalid => 400,
             DenyReason::Policy => 403,
-            DenyReason::Conflict => 422,
+            DenyReason::Conflict | DenyReason::Cluster => 422,
+        }
+    }
+
+    /// The `status.reason` of the AdmissionReview (a Kubernetes StatusReason).
+    pub fn status_reason(self) -> &'static str {
+        match self {
+            DenyReason::Invalid => "BadRequest",
+            DenyReason::Policy => "Forbidden",
+            DenyReason::Conflict | DenyReason::Cluster => "Invalid",
         }
     }
 
@@ -41,6 +53,7 @@ impl DenyReason {
             DenyReason::Invalid => "invalid",
             DenyReason::Policy => "policy",
             DenyReason::Conflict => "conflict",
+            DenyReason::Cluster => "cluster",
         }
     }
 }
@@ -186,6 +199,8 @@ struct Planned<'a> {
     size: Option<Quantity>,
     medium: Medium,
     origin: Origin<'a>,
+    /// What the cluster checks found, if anything.
+    cluster: Option<Finding>,
 }
 
 impl Planned<'_> {
@@ -200,7 +215,19 @@ impl Planned<'_> {
 }
 
 pub fn mutate(cfg: &Config, pod: &PodView, target: Target<'_>) -> Outcome {
-    match plan(cfg, pod, target) {
+    mutate_in(cfg, None, pod, target)
+}
+
+/// [`mutate`], with the cluster checks against what is known of the cluster (`None`: unknown,
+/// no checks).
+pub fn mutate_in(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    pod: &PodView,
+    target: Target<'_>,
+) -> Outcome {
+    let cluster = cluster.filter(|_| cfg.cluster_checks != ClusterMode::Off);
+    match plan(cfg, cluster, pod, target) {
         Ok(outcome) => outcome,
         Err(mut denial) => {
             if let Cow::Owned(cut) =
@@ -250,7 +277,12 @@ fn fail(cfg: &Config, pod: &PodView, target: Target<'_>, denial: Denial) -> Outc
     }
 }
 
-fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Denial> {
+fn plan(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    pod: &PodView,
+    target: Target<'_>,
+) -> Result<Outcome, Denial> {
     let requests = collect(cfg, pod, target.namespace)?;
     if requests.is_empty() {
         return Ok(Outcome::default());
@@ -265,7 +297,7 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
     let mut errors: Vec<Denial> = Vec::new();
     let mut planned = Vec::with_capacity(requests.len());
     for (name, origin, req) in requests {
-        match resolve(cfg, pod, name, origin, req) {
+        match resolve(cfg, cluster, pod, name, origin, req) {
             Ok(p) => planned.push(p),
             Err(d) => errors.push(d),
         }
@@ -282,6 +314,7 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
         });
     }
     combine(errors)?;
+    let unavailable = cluster_findings(cfg, &planned)?;
 
     let mut out = Outcome {
         patch: Patch::with_capacity(512 * planned.len() + 256),
@@ -294,7 +327,61 @@ fn plan(cfg: &Config, pod: &PodView, target: Target<'_>) -> Result<Outcome, Deni
         &planned,
         &mut out,
     )?;
+    for p in &planned {
+        if let Some(Finding::Suspect(m)) = &p.cluster {
+            out.warnings.push(format!("volume {}: {m}", p.name));
+        }
+    }
+    // clusterChecks: warn: injected all the same; the warning and the status annotation say
+    // what the cluster lacks.
+    if !unavailable.is_empty() {
+        out.warnings.extend(unavailable.iter().cloned());
+        let mut path = String::new();
+        annotate(
+            pod,
+            target,
+            (&cfg.cluster_check_key, &cfg.cluster_check_token),
+            &unavailable.join("; "),
+            &mut out.patch,
+            &mut path,
+        )
+        .map_err(unwritable)?;
+    }
     Ok(out)
+}
+
+/// The volumes the cluster cannot provide: a denial under `clusterChecks: enforce`, else
+/// their messages (for `warn`).
+fn cluster_findings(cfg: &Config, planned: &[Planned]) -> Result<Vec<String>, Denial> {
+    let unavailable: Vec<String> = planned
+        .iter()
+        .filter_map(|p| match &p.cluster {
+            Some(Finding::Unavailable(m)) => Some(format!("{}: {m}", p.origin.describe(p.name))),
+            _ => None,
+        })
+        .collect();
+    if cfg.cluster_checks == ClusterMode::Enforce && !unavailable.is_empty() {
+        return Err(Denial {
+            reason: DenyReason::Cluster,
+            message: unavailable.join("; "),
+        });
+    }
+    Ok(unavailable)
+}
+
+/// The cluster check of one volume source (CSI driver or storage class), if the cluster is known.
+fn check_cluster(cluster: Option<&ClusterState>, source: &Source) -> Option<Finding> {
+    let cluster = cluster?;
+    match source {
+        Source::Csi(c) => crate::cluster::check_csi(cluster, &c.driver),
+        Source::Ephemeral(e) => crate::cluster::check_storage_class(
+            cluster,
+            e.volume_claim_template
+                .as_ref()
+                .and_then(|t| t.spec.storage_class_name.as_deref()),
+        ),
+        Source::EmptyDir(_) | Source::Profile(_) => None,
+    }
 }
 
 /// All errors of one kind at once, so a user fixes every annotation in one go.
@@ -378,6 +465,7 @@ fn collect<'a>(
 
 fn resolve<'a>(
     cfg: &'a Config,
+    cluster: Option<&ClusterState>,
     pod: &PodView,
     name: &'a str,
     origin: Origin<'a>,
@@ -457,6 +545,11 @@ fn resolve<'a>(
     let init = or_profile(init_containers, base, |b| b.init_containers.as_ref());
     let env = or_profile(env, base, |b| b.env.as_deref());
     let (containers, init_containers) = targets(pod, containers, init.as_deref(), &at)?;
+    let cluster = match (&source, base) {
+        (Resolved::Source(s), _) => check_cluster(cluster, s),
+        (Resolved::Compiled(_), Some(profile)) => check_cluster(cluster, &profile.source),
+        (Resolved::Compiled(_), None) => None,
+    };
     // size=request: from the pod's own requests, unless a size is given here; a profile's
     // default `size: request` gives way to an explicit size.
     let size_from_request =
@@ -559,6 +652,7 @@ fn resolve<'a>(
         size,
         medium,
         origin,
+        cluster,
     })
 }
 

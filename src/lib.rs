@@ -7,6 +7,7 @@
 
 pub mod annotation;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod patch;

@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::{
     annotation::VolumeKind,
+    cluster::ClusterState,
     config::Config,
     engine::{self, DenyReason, Outcome, Target},
     pod::{PodView, Str},
@@ -110,13 +111,22 @@ pub struct Handled<'a> {
 
 /// Decodes a review, decides, and encodes the response.
 pub fn handle<'a>(cfg: &Config, body: &'a [u8]) -> Result<Handled<'a>, ReviewError> {
+    handle_in(cfg, None, body)
+}
+
+/// [`handle`], with the cluster checks against what is known of the cluster.
+pub fn handle_in<'a>(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    body: &'a [u8],
+) -> Result<Handled<'a>, ReviewError> {
     // JSON is UTF-8 (RFC 8259): the body is checked once, whole, so the parser need not check
     // every string it reads (or every raw value it keeps) again.
     let text = std::str::from_utf8(body).map_err(ReviewError::NotUtf8)?;
     // One pass: the object is decoded as a narrow pod view while the envelope is read. Should
     // it not fit that view (it is not a pod), read it again keeping the object raw.
     match serde_json::from_str::<ReviewIn<'_, PodView<'_>>>(text) {
-        Ok(review) => decide(cfg, review),
+        Ok(review) => decide(cfg, cluster, review),
         Err(pod_error) => {
             let review: ReviewIn<'_, &RawValue> =
                 serde_json::from_str(text).map_err(ReviewError::Malformed)?;
@@ -126,6 +136,7 @@ pub fn handle<'a>(cfg: &Config, body: &'a [u8]) -> Result<Handled<'a>, ReviewErr
             }
             decide(
                 cfg,
+                cluster,
                 ReviewIn::<PodView<'_>> {
                     api_version: review.api_version,
                     kind: review.kind,
@@ -151,7 +162,11 @@ fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
         && req.sub_resource.is_none_or(str::is_empty)
 }
 
-fn decide<'a>(cfg: &Config, review: ReviewIn<'a, PodView<'a>>) -> Result<Handled<'a>, ReviewError> {
+fn decide<'a>(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    review: ReviewIn<'a, PodView<'a>>,
+) -> Result<Handled<'a>, ReviewError> {
     let mut req = review.request.ok_or(ReviewError::NoRequest)?;
     let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
     let mut handled = Handled {
@@ -167,8 +182,9 @@ fn decide<'a>(cfg: &Config, review: ReviewIn<'a, PodView<'a>>) -> Result<Handled
     let outcome = match (is_pod_create(&req), &req.object) {
         (true, Some(pod)) => {
             handled.pod = pod.display_name();
-            engine::mutate(
+            engine::mutate_in(
                 cfg,
+                cluster,
                 pod,
                 Target {
                     namespace: &handled.namespace,
@@ -223,11 +239,7 @@ fn encode(
             &StatusOut {
                 status: "Failure",
                 code: d.code(),
-                reason: match d.reason {
-                    DenyReason::Invalid => "BadRequest",
-                    DenyReason::Policy => "Forbidden",
-                    DenyReason::Conflict => "Invalid",
-                },
+                reason: d.reason.status_reason(),
                 message: &d.message,
             },
         )?;

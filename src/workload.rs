@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use crate::{
+    cluster::ClusterState,
     config::Config,
     engine::{self, Outcome, Target},
     pod::PodView,
@@ -78,6 +79,7 @@ pub struct Preview {
 /// Runs the engine on the object's pod and applies the patch to the whole object.
 pub fn preview(
     cfg: &Config,
+    cluster: Option<&ClusterState>,
     object: &Value,
     namespace: Option<&str>,
 ) -> Result<Preview, WorkloadError> {
@@ -112,8 +114,9 @@ pub fn preview(
                 .and_then(Value::as_str)
         })
         .unwrap_or("default");
-    let outcome = engine::mutate(
+    let outcome = engine::mutate_in(
         cfg,
+        cluster,
         &pod,
         Target {
             namespace: ns,

@@ -301,3 +301,131 @@ fn mutate_takes_a_multi_document_stream_with_integer_quantities_as_kubectl_does(
         text(&out.stderr)
     );
 }
+
+fn pod_with(annotation: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {"ephemeral-volumes.io/v": annotation}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+    })
+    .to_string()
+}
+
+#[test]
+fn mutate_cluster_refuses_what_the_cluster_cannot_provide() {
+    let cluster = data("cluster.yaml");
+    // (annotation, exit code, message on stderr)
+    for (annotation, code, want) in [
+        (
+            "type=csi,driver=secrets-store.csi.k8s.io,attr.secretProviderClass=db,mountPath=/s,readOnly=true",
+            0,
+            "",
+        ),
+        (
+            "type=csi,driver=missing.csi.io,mountPath=/s",
+            1,
+            "denied (422): annotation ephemeral-volumes.io/v: CSIDriver \"missing.csi.io\" does not exist in the cluster",
+        ),
+        (
+            "type=csi,driver=ebs.csi.aws.com,mountPath=/s",
+            1,
+            "CSIDriver \"ebs.csi.aws.com\" does not list Ephemeral in volumeLifecycleModes",
+        ),
+        (
+            "type=ephemeral,storageClass=gp3,size=1Gi,mountPath=/s",
+            0,
+            "",
+        ),
+        ("type=ephemeral,size=1Gi,mountPath=/s", 0, ""),
+        (
+            "type=ephemeral,storageClass=io2,size=1Gi,mountPath=/s",
+            1,
+            "StorageClass \"io2\" does not exist: the PVC would stay Pending",
+        ),
+        (
+            "type=ephemeral,storageClass=nfs,size=1Gi,mountPath=/s",
+            0,
+            "warning: volume v: StorageClass \"nfs\" uses provisioner \"nfs.csi.example.com\", which has no CSIDriver object",
+        ),
+    ] {
+        let out = run(
+            &["mutate", "--cluster", &cluster, "-f", "-", "-o", "patch"],
+            Some(&pod_with(annotation)),
+        );
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{annotation}: {stderr}");
+        assert!(
+            stderr.contains(want),
+            "{annotation}: want {want:?} in {stderr}"
+        );
+    }
+    // No default class: a PVC without a class is refused.
+    let no_default = std::fs::read_to_string(&cluster)
+        .unwrap()
+        .replace("\"true\"", "\"false\"");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, no_default).unwrap();
+    let out = run(
+        &["mutate", "--cluster", path.to_str().unwrap(), "-f", "-"],
+        Some(&pod_with("type=ephemeral,size=1Gi,mountPath=/s")),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("the cluster has no default StorageClass"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Without --cluster, nothing is known and nothing is checked.
+    let out = run(
+        &["mutate", "-f", "-"],
+        Some(&pod_with("type=csi,driver=missing.csi.io,mountPath=/s")),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn cluster_checks_warn_admits_with_a_warning_and_the_status_annotation_and_off_skips() {
+    let cluster = data("cluster.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, annotated) in [("warn", true), ("off", false)] {
+        let config = dir.path().join(format!("{mode}.yaml"));
+        std::fs::write(&config, format!("clusterChecks: {mode}\n")).unwrap();
+        let out = run(
+            &[
+                "mutate",
+                "--config",
+                config.to_str().unwrap(),
+                "--cluster",
+                &cluster,
+                "-f",
+                "-",
+                "-o",
+                "json",
+            ],
+            Some(&pod_with("type=csi,driver=missing.csi.io,mountPath=/s")),
+        );
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}", text(&out.stderr));
+        let pod: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            pod["spec"]["volumes"][0]["csi"]["driver"], "missing.csi.io",
+            "{mode}: injected all the same"
+        );
+        let status = &pod["metadata"]["annotations"]["injector.ephemeral-volumes.io/cluster-check"];
+        assert_eq!(status.is_string(), annotated, "{mode}: {status}");
+        assert_eq!(
+            text(&out.stderr).contains("warning: annotation ephemeral-volumes.io/v: CSIDriver"),
+            annotated,
+            "{mode}"
+        );
+    }
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "clusterChecks: sometimes\n").unwrap();
+    let out = run(&["check-config", bad.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("clusterChecks: unknown variant `sometimes`"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -162,7 +162,7 @@ fn golden_outputs_match_and_a_second_pass_changes_nothing() {
         };
         let text = std::fs::read_to_string(data(&format!("inputs/{}", case.input))).unwrap();
         let object = workload::parse_object(&text).unwrap();
-        let preview = workload::preview(&cfg, &object, None).unwrap();
+        let preview = workload::preview(&cfg, None, &object, None).unwrap();
         let o = &preview.outcome;
         let summary = json!({
             "allowed": o.allowed(),
@@ -186,7 +186,7 @@ fn golden_outputs_match_and_a_second_pass_changes_nothing() {
         );
         deserializes_as_its_kind(&preview.mutated);
 
-        let again = workload::preview(&cfg, &preview.mutated, None).unwrap();
+        let again = workload::preview(&cfg, None, &preview.mutated, None).unwrap();
         assert!(
             again.outcome.allowed(),
             "{}: second pass denied: {:?}",
