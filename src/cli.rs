@@ -148,11 +148,18 @@ fn mutate(args: &MutateArgs) -> ExitCode {
         } else {
             String::new()
         };
-        let preview =
-            match workload::preview(&cfg, cluster.as_ref(), object, args.namespace.as_deref()) {
-                Ok(p) => p,
-                Err(e) => return usage(format!("{}: {which}{e}", args.file)),
-            };
+        let preview = match workload::preview(
+            &cfg,
+            cluster.as_ref().map(|state| crate::cluster::Known {
+                state,
+                complete: true,
+            }),
+            object,
+            args.namespace.as_deref(),
+        ) {
+            Ok(p) => p,
+            Err(e) => return usage(format!("{}: {which}{e}", args.file)),
+        };
         for w in &preview.outcome.warnings {
             eprintln!("warning: {which}{w}");
         }

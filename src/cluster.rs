@@ -148,6 +148,14 @@ impl ClusterState {
     }
 }
 
+/// What the checks know of the cluster: a state, and whether it is complete (both lists
+/// received). Until it is, `enforce` acts as `warn`: an incomplete list must not refuse pods.
+#[derive(Debug, Clone, Copy)]
+pub struct Known<'a> {
+    pub state: &'a ClusterState,
+    pub complete: bool,
+}
+
 /// What the checks found about one volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finding {

@@ -10,7 +10,7 @@ use crate::{
     annotation::{
         InitTargets, Medium, Source, VolumeKind, VolumeRequest, normalize_path, validate_dns_label,
     },
-    cluster::{ClusterState, Finding, Mode as ClusterMode},
+    cluster::{ClusterState, Finding, Known, Mode as ClusterMode},
     config::{CompiledSource, Config, OnError},
     patch::{Entry, EnvValue, MetadataWith, MountValue, Patch},
     pod::{ContainerView, PodView},
@@ -222,12 +222,18 @@ pub fn mutate(cfg: &Config, pod: &PodView, target: Target<'_>) -> Outcome {
 /// no checks).
 pub fn mutate_in(
     cfg: &Config,
-    cluster: Option<&ClusterState>,
+    cluster: Option<Known<'_>>,
     pod: &PodView,
     target: Target<'_>,
 ) -> Outcome {
-    let cluster = cluster.filter(|_| cfg.cluster_checks != ClusterMode::Off);
-    match plan(cfg, cluster, pod, target) {
+    // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
+    // objects not yet seen: warn until they are complete.
+    let checks = match (cfg.cluster_checks, cluster) {
+        (ClusterMode::Off, _) | (_, None) => None,
+        (ClusterMode::Enforce, Some(k)) if !k.complete => Some((k.state, ClusterMode::Warn)),
+        (mode, Some(k)) => Some((k.state, mode)),
+    };
+    match plan(cfg, checks, pod, target) {
         Ok(outcome) => outcome,
         Err(mut denial) => {
             if let Cow::Owned(cut) =
@@ -279,7 +285,7 @@ fn fail(cfg: &Config, pod: &PodView, target: Target<'_>, denial: Denial) -> Outc
 
 fn plan(
     cfg: &Config,
-    cluster: Option<&ClusterState>,
+    checks: Option<(&ClusterState, ClusterMode)>,
     pod: &PodView,
     target: Target<'_>,
 ) -> Result<Outcome, Denial> {
@@ -297,7 +303,7 @@ fn plan(
     let mut errors: Vec<Denial> = Vec::new();
     let mut planned = Vec::with_capacity(requests.len());
     for (name, origin, req) in requests {
-        match resolve(cfg, cluster, pod, name, origin, req) {
+        match resolve(cfg, checks.map(|c| c.0), pod, name, origin, req) {
             Ok(p) => planned.push(p),
             Err(d) => errors.push(d),
         }
@@ -314,7 +320,8 @@ fn plan(
         });
     }
     combine(errors)?;
-    let unavailable = cluster_findings(cfg, &planned)?;
+    let mode = checks.map_or(ClusterMode::Off, |c| c.1);
+    let unavailable = cluster_findings(mode, &planned)?;
 
     let mut out = Outcome {
         patch: Patch::with_capacity(512 * planned.len() + 256),
@@ -352,7 +359,7 @@ fn plan(
 
 /// The volumes the cluster cannot provide: a denial under `clusterChecks: enforce`, else
 /// their messages (for `warn`).
-fn cluster_findings(cfg: &Config, planned: &[Planned]) -> Result<Vec<String>, Denial> {
+fn cluster_findings(mode: ClusterMode, planned: &[Planned]) -> Result<Vec<String>, Denial> {
     let unavailable: Vec<String> = planned
         .iter()
         .filter_map(|p| match &p.cluster {
@@ -360,7 +367,7 @@ fn cluster_findings(cfg: &Config, planned: &[Planned]) -> Result<Vec<String>, De
             _ => None,
         })
         .collect();
-    if cfg.cluster_checks == ClusterMode::Enforce && !unavailable.is_empty() {
+    if mode == ClusterMode::Enforce && !unavailable.is_empty() {
         return Err(Denial {
             reason: DenyReason::Cluster,
             message: unavailable.join("; "),

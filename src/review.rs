@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::{
     annotation::VolumeKind,
-    cluster::ClusterState,
+    cluster::Known,
     config::Config,
     engine::{self, DenyReason, Outcome, Target},
     pod::{PodView, Str},
@@ -117,7 +117,7 @@ pub fn handle<'a>(cfg: &Config, body: &'a [u8]) -> Result<Handled<'a>, ReviewErr
 /// [`handle`], with the cluster checks against what is known of the cluster.
 pub fn handle_in<'a>(
     cfg: &Config,
-    cluster: Option<&ClusterState>,
+    cluster: Option<Known<'_>>,
     body: &'a [u8],
 ) -> Result<Handled<'a>, ReviewError> {
     // JSON is UTF-8 (RFC 8259): the body is checked once, whole, so the parser need not check
@@ -164,7 +164,7 @@ fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
 
 fn decide<'a>(
     cfg: &Config,
-    cluster: Option<&ClusterState>,
+    cluster: Option<Known<'_>>,
     review: ReviewIn<'a, PodView<'a>>,
 ) -> Result<Handled<'a>, ReviewError> {
     let mut req = review.request.ok_or(ReviewError::NoRequest)?;

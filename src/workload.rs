@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::{
-    cluster::ClusterState,
+    cluster::Known,
     config::Config,
     engine::{self, Outcome, Target},
     pod::PodView,
@@ -79,7 +79,7 @@ pub struct Preview {
 /// Runs the engine on the object's pod and applies the patch to the whole object.
 pub fn preview(
     cfg: &Config,
-    cluster: Option<&ClusterState>,
+    cluster: Option<Known<'_>>,
     object: &Value,
     namespace: Option<&str>,
 ) -> Result<Preview, WorkloadError> {

@@ -64,6 +64,9 @@ pub struct Metrics {
     pub connections_open: Family<PortLabel, Gauge>,
     pub at_capacity: Family<PortLabel, Counter>,
     pub responses: Family<CodeLabel, Counter>,
+    pub cluster_objects: Family<KindLabel, Gauge>,
+    pub cluster_watch_errors: Family<KindLabel, Counter>,
+    pub cluster_degraded: Gauge,
 }
 
 /// Admission decisions take microseconds; buckets from 10 µs to 1 s.
@@ -141,6 +144,24 @@ impl Default for Metrics {
             "Expiry of the serving certificate, Unix time",
             cert_not_after.clone(),
         );
+        let cluster_objects = Family::<KindLabel, Gauge>::default();
+        registry.register(
+            "cluster_objects",
+            "CSIDriver and StorageClass objects known to the cluster checks, by kind",
+            cluster_objects.clone(),
+        );
+        let cluster_watch_errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "cluster_watch_errors",
+            "Failures of the CSIDriver and StorageClass watches (retried with backoff; the last state is kept)",
+            cluster_watch_errors.clone(),
+        );
+        let cluster_degraded = Gauge::default();
+        registry.register(
+            "cluster_checks_degraded",
+            "1 while the cluster lists have not arrived after the sync timeout (checks in warn meanwhile)",
+            cluster_degraded.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -154,6 +175,9 @@ impl Default for Metrics {
             connections_open,
             at_capacity,
             responses,
+            cluster_objects,
+            cluster_watch_errors,
+            cluster_degraded,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `serve`: the HTTPS webhook, the plain-HTTP admin port, hot reload and graceful shutdown.
 
+pub mod cluster;
 pub mod connection;
 pub mod metrics;
 pub mod reload;
@@ -105,6 +106,14 @@ pub struct ServeArgs {
     /// probes and Prometheus come every 10 s or more and reconnect cheaply).
     #[arg(long, env = "EVI_ADMIN_IDLE_TIMEOUT_SECONDS", default_value_t = 30.0)]
     pub admin_idle_timeout_seconds: f64,
+    /// Kubeconfig for the cluster checks (CSIDriver and StorageClass watches). Without it the
+    /// in-cluster service account is used; outside a cluster the checks are off.
+    #[arg(long, env = "EVI_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seconds readiness waits for the first complete CSIDriver and StorageClass lists; past
+    /// it the webhook is ready with the cluster checks in warn until they arrive.
+    #[arg(long, env = "EVI_CLUSTER_SYNC_TIMEOUT_SECONDS", default_value_t = 30.0)]
+    pub cluster_sync_timeout_seconds: f64,
     /// After SIGTERM, seconds to keep accepting while unready, so endpoints can stop sending.
     #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value_t = 0.0)]
     pub drain_delay_seconds: f64,
@@ -126,6 +135,10 @@ pub struct AppState {
     pub at_capacity: AtomicBool,
     pub max_body_bytes: usize,
     pub body_timeout: Duration,
+    /// The cluster as the watches see it; `None` without API access (checks off).
+    pub cluster: Option<Arc<cluster::ClusterWatch>>,
+    /// The first cluster lists arrived, or the sync timeout passed (readiness waits for it).
+    pub cluster_ready: AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -334,6 +347,29 @@ pub async fn serve(
         }
     };
 
+    let sync_timeout = seconds(
+        "--cluster-sync-timeout-seconds",
+        args.cluster_sync_timeout_seconds,
+    )?;
+    // Cluster access is optional: a bad --kubeconfig stops the start (it was asked for), a
+    // missing in-cluster credential only turns the checks off.
+    let client = match cluster::client(args.kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e @ cluster::ClusterAccessError::Kubeconfig { .. }) => {
+            return Err(ServeError::Flag(e.to_string()));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster checks off: cannot reach the API server");
+            None
+        }
+    };
+    if client.is_none() {
+        tracing::info!("cluster checks off: no --kubeconfig and not running in a cluster");
+    }
+    let watch = client
+        .as_ref()
+        .map(|_| Arc::new(cluster::ClusterWatch::new()));
+
     let metrics = Metrics::default();
     metrics.cert_not_after.set(loaded.not_after);
     let certs = Arc::new(CertStore::new(loaded.key));
@@ -345,7 +381,29 @@ pub async fn serve(
         at_capacity: AtomicBool::new(false),
         max_body_bytes: args.max_body_bytes,
         body_timeout,
+        cluster: watch.clone(),
+        cluster_ready: AtomicBool::new(watch.is_none()),
     });
+    if let (Some(client), Some(w)) = (client, watch) {
+        tracing::info!(sync_timeout = ?sync_timeout, "cluster checks: watching CSIDrivers and StorageClasses");
+        cluster::watch(client, w.clone(), state.clone());
+        let state = state.clone();
+        tokio::spawn(async move {
+            let complete = tokio::time::timeout(sync_timeout, w.wait_complete())
+                .await
+                .is_ok();
+            state.cluster_ready.store(true, Ordering::SeqCst);
+            if !complete {
+                state.metrics.cluster_degraded.set(1);
+                tracing::warn!(timeout = ?sync_timeout, "the cluster's CSIDriver and StorageClass lists have not arrived: ready, with the cluster checks in warn until they do");
+                w.wait_complete().await;
+                state.metrics.cluster_degraded.set(0);
+                tracing::info!(
+                    "cluster lists received: the cluster checks are as configured again"
+                );
+            }
+        });
+    }
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs)?));
 
     let bind = |addr: SocketAddr| async move {
@@ -652,7 +710,14 @@ async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request)
     let start = Instant::now();
     let config = state.config.load();
     let m = &state.metrics;
-    let response = match review::handle(&config, &body) {
+    let snapshot = state.cluster.as_ref().map(|w| (w.snapshot(), w.complete()));
+    let known = snapshot
+        .as_ref()
+        .map(|(s, complete)| crate::cluster::Known {
+            state: s,
+            complete: *complete,
+        });
+    let response = match review::handle_in(&config, known, &body) {
         Ok(h) => {
             let result = match &h.verdict {
                 Verdict::Unchanged => "unchanged",
@@ -730,6 +795,11 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
             get(|State(s): State<Arc<AppState>>| async move {
                 if !s.ready.load(Ordering::SeqCst) {
                     (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                } else if !s.cluster_ready.load(Ordering::SeqCst) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: waiting for the cluster's CSIDriver and StorageClass lists\n",
+                    )
                 } else if s.at_capacity.load(Ordering::SeqCst) {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -788,6 +858,8 @@ mod tests {
             at_capacity: AtomicBool::new(false),
             max_body_bytes: 1 << 20,
             body_timeout: Duration::from_secs(5),
+            cluster: None,
+            cluster_ready: AtomicBool::new(true),
         })
     }
 

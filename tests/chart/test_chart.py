@@ -22,8 +22,8 @@ CHART = ROOT / "charts" / "ephemeral-volume-injector"
 BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
 HELM = os.environ.get("HELM") or shutil.which("helm") or str(Path.home() / ".cache/evi-tools/bin/helm")
 BUILTIN_KINDS = {
-    "ConfigMap", "Deployment", "MutatingWebhookConfiguration", "NetworkPolicy",
-    "PodDisruptionBudget", "Secret", "Service", "ServiceAccount",
+    "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
+    "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount",
 }
 
 NEXTFLOW_VALUES = {
@@ -161,7 +161,11 @@ def test_pod_security():
     assert d["spec"]["replicas"] >= 2
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert spec["automountServiceAccountToken"] is False
+    # The token is there for the cluster checks only.
+    assert spec["automountServiceAccountToken"] is True
+    off = deployment(render("--set", "config.clusterChecks=off"))["spec"]["template"]["spec"]
+    assert off["automountServiceAccountToken"] is False
+    assert by_kind(render("--set", "config.clusterChecks=off"), "ServiceAccount")[0]["automountServiceAccountToken"] is False
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert spec["affinity"]["podAntiAffinity"]
     (c,) = spec["containers"]
@@ -331,11 +335,27 @@ def test_webhook_url_points_the_api_server_outside_the_cluster():
     ["--set", "resources.limits.cpu=1"],
     ["--set", "config.colour=red"],
     ["--set", "server.logFormat=xml"],
+    ["--set", "config.clusterChecks=sometimes"],
 ])
 def test_values_schema_rejects_wrong_values(bad):
     p = render(*bad, check=False)
     assert p.returncode != 0, f"{bad} was accepted"
     assert "values don't meet the specifications of the schema" in p.stderr or "schema" in p.stderr.lower(), p.stderr
+
+
+def test_rbac_reads_csidrivers_and_storageclasses_only():
+    docs = render()
+    (role,) = by_kind(docs, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": ["storage.k8s.io"], "resources": ["csidrivers", "storageclasses"],
+                              "verbs": ["get", "list", "watch"]}]
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "evi-ephemeral-volume-injector",
+                                    "namespace": "evi-system"}]
+    for args in (["--set", "config.clusterChecks=off"], ["--set", "rbac.create=false"]):
+        assert not [d for d in render(*args) if d["kind"].startswith("ClusterRole")], args
+    args = [a for a in deployment(docs)["spec"]["template"]["spec"]["containers"][0]["args"]]
+    assert "--cluster-sync-timeout-seconds=30" in args
 
 
 def test_service_monitor_and_network_policy():
@@ -344,6 +364,10 @@ def test_service_monitor_and_network_policy():
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     np = by_kind(docs, "NetworkPolicy")[0]
     assert {p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]} == {8443, 8080}
+    # Egress: the API server only, for the cluster checks; none at all without them.
+    assert {p["port"] for rule in np["spec"]["egress"] for p in rule["ports"]} == {443, 6443}
+    off = by_kind(render("--set", "networkPolicy.enabled=true", "--set", "config.clusterChecks=off"), "NetworkPolicy")[0]
+    assert off["spec"]["egress"] == []
     svc = by_kind(docs, "Service")[0]
     assert {p["name"] for p in svc["spec"]["ports"]} == {"https", "metrics"}
 

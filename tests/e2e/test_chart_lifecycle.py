@@ -25,8 +25,9 @@ def test_install_upgrade_uninstall_in_a_real_api_server(cluster):
     cluster.helm("install", name, CHART, "-n", RELEASE_NS, "--create-namespace", *VALUES)
     docs = manifest(cluster, name)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ConfigMap", "Deployment", "MutatingWebhookConfiguration", "PodDisruptionBudget",
-                            "Secret", "Service", "ServiceAccount"]), kinds
+    assert kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
+                            "MutatingWebhookConfiguration", "PodDisruptionBudget", "Secret", "Service",
+                            "ServiceAccount"]), kinds
     for d in docs:
         ns = ["-n", d["metadata"]["namespace"]] if "namespace" in d["metadata"] else []
         stored = cluster.get(d["kind"].lower(), d["metadata"]["name"], *ns)

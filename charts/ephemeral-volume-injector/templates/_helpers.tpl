@@ -88,3 +88,12 @@ configured rule would match (namespace list and label selector). Only those reac
 {{- end -}}
 {{- join " || " $terms -}}
 {{- end -}}
+
+{{/*
+Whether the webhook reads the cluster (CSIDriver and StorageClass watches): unless
+config.clusterChecks is off. Then it needs its service-account token, RBAC and egress to the
+API server.
+*/}}
+{{- define "evi.clusterChecks" -}}
+{{- if ne (default "enforce" .Values.config.clusterChecks) "off" -}}true{{- end -}}
+{{- end -}}

@@ -1,0 +1,228 @@
+//! The cluster as `serve` knows it: CSIDriver and StorageClass objects watched through the
+//! kube runtime (list, then watch, re-listing after a lost watch with backoff), each reduced to
+//! the few fields the checks read. The request path only loads the current snapshot; it never
+//! calls the API server.
+
+use std::{
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use arc_swap::ArcSwap;
+use futures_util::StreamExt as _;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt as _, watcher},
+};
+
+use super::{AppState, metrics::KindLabel};
+use crate::cluster::{ClusterState, CsiDriverInfo, StorageClassInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterAccessError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("in-cluster configuration: {0}")]
+    InCluster(String),
+    #[error("API client: {0}")]
+    Client(String),
+}
+
+/// The latest snapshot, and whether both lists have been received in full.
+pub struct ClusterWatch {
+    snapshot: ArcSwap<ClusterState>,
+    /// Written by the two watch tasks; each write publishes a new snapshot.
+    working: Mutex<ClusterState>,
+    csi_synced: AtomicBool,
+    classes_synced: AtomicBool,
+    synced: tokio::sync::Notify,
+}
+
+impl Default for ClusterWatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClusterWatch {
+    pub fn new() -> Self {
+        ClusterWatch {
+            snapshot: ArcSwap::from_pointee(ClusterState::default()),
+            working: Mutex::new(ClusterState::default()),
+            csi_synced: AtomicBool::new(false),
+            classes_synced: AtomicBool::new(false),
+            synced: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// What the checks read on the request path.
+    pub fn snapshot(&self) -> arc_swap::Guard<Arc<ClusterState>> {
+        self.snapshot.load()
+    }
+
+    /// Both lists arrived complete at least once (later losses keep the last state).
+    pub fn complete(&self) -> bool {
+        self.csi_synced.load(Ordering::SeqCst) && self.classes_synced.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once [`complete`](Self::complete).
+    pub async fn wait_complete(&self) {
+        loop {
+            let notified = self.synced.notified();
+            if self.complete() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ClusterState)) {
+        let mut working = self.working.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut working);
+        self.snapshot.store(Arc::new(working.clone()));
+    }
+}
+
+/// A client from `--kubeconfig`, else the in-cluster service account, else `None` (run
+/// locally: no cluster checks).
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Option<Client>, ClusterAccessError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let err = |e: &dyn std::fmt::Display| ClusterAccessError::Kubeconfig {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| err(&e))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(|e| err(&e))?
+        }
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            kube::Config::incluster().map_err(|e| ClusterAccessError::InCluster(e.to_string()))?
+        }
+        None => return Ok(None),
+    };
+    Client::try_from(config)
+        .map(Some)
+        .map_err(|e| ClusterAccessError::Client(e.to_string()))
+}
+
+/// Starts the two watches; `w` fills in as the lists arrive.
+pub fn watch(client: Client, w: Arc<ClusterWatch>, state: Arc<AppState>) {
+    tokio::spawn(run(
+        Api::<CSIDriver>::all(client.clone()),
+        w.clone(),
+        state.clone(),
+        "CSIDriver",
+        |d: &CSIDriver| {
+            let modes = d
+                .spec
+                .volume_lifecycle_modes
+                .as_ref()
+                .map(|m| m.iter().map(String::as_str));
+            Some(CsiDriverInfo::from_modes(modes))
+        },
+        |s: &mut ClusterState| &mut s.csi_drivers,
+        |w: &ClusterWatch| &w.csi_synced,
+    ));
+    tokio::spawn(run(
+        Api::<StorageClass>::all(client),
+        w,
+        state,
+        "StorageClass",
+        |c: &StorageClass| {
+            let annotations = c
+                .metadata
+                .annotations
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), v.as_str()));
+            Some(StorageClassInfo::from_parts(&c.provisioner, annotations))
+        },
+        |s: &mut ClusterState| &mut s.storage_classes,
+        |w: &ClusterWatch| &w.classes_synced,
+    ));
+}
+
+type Map<V> = std::collections::BTreeMap<String, V>;
+
+/// One kind's watch: a complete list replaces the map at once (`InitDone`); single changes
+/// apply as they come. Errors are counted and retried with backoff, the last state kept.
+#[allow(clippy::too_many_arguments)]
+async fn run<K, V>(
+    api: Api<K>,
+    w: Arc<ClusterWatch>,
+    state: Arc<AppState>,
+    kind: &'static str,
+    reduce: fn(&K) -> Option<V>,
+    map: fn(&mut ClusterState) -> &mut Map<V>,
+    synced: fn(&ClusterWatch) -> &AtomicBool,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+    V: Clone + Send + 'static,
+{
+    let metrics = &state.metrics;
+    let label = KindLabel { kind };
+    let mut buffer: Map<V> = Map::new();
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+        match event {
+            Ok(watcher::Event::Init) => buffer.clear(),
+            Ok(watcher::Event::InitApply(o)) => {
+                if let Some(v) = reduce(&o) {
+                    buffer.insert(name(&o), v);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let list = std::mem::take(&mut buffer);
+                let count = list.len();
+                w.update(|s| *map(s) = list);
+                metrics
+                    .cluster_objects
+                    .get_or_create(&label)
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+                if !synced(&w).swap(true, Ordering::SeqCst) {
+                    tracing::info!(kind, count, "cluster list received");
+                }
+                w.synced.notify_waiters();
+            }
+            Ok(watcher::Event::Apply(o)) => {
+                if let Some(v) = reduce(&o) {
+                    w.update(|s| {
+                        map(s).insert(name(&o), v);
+                    });
+                }
+                metrics
+                    .cluster_objects
+                    .get_or_create(&label)
+                    .set(objects(&w, map));
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                w.update(|s| {
+                    map(s).remove(&name(&o));
+                });
+                metrics
+                    .cluster_objects
+                    .get_or_create(&label)
+                    .set(objects(&w, map));
+            }
+            Err(e) => {
+                metrics.cluster_watch_errors.get_or_create(&label).inc();
+                tracing::warn!(kind, error = %e, "cluster watch failed; keeping the last known state and retrying");
+            }
+        }
+    }
+}
+
+fn objects<V>(w: &ClusterWatch, map: fn(&mut ClusterState) -> &mut Map<V>) -> i64 {
+    let mut working = w.working.lock().unwrap_or_else(|p| p.into_inner());
+    i64::try_from(map(&mut working).len()).unwrap_or(i64::MAX)
+}
