@@ -107,20 +107,43 @@ class Webhook:
         self.url = f"https://127.0.0.1:{self.port}/mutate"
         self.proc = None
 
-    def start(self) -> "Webhook":
+    def start(self, *extra: str, wait_ready: bool = True) -> "Webhook":
         self.proc = start_process([
             str(BINARY), "serve", "--listen", f"127.0.0.1:{self.port}",
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
             "--tls-cert", str(self.dir / "tls.crt"), "--tls-key", str(self.dir / "tls.key"),
             "--config", str(self.config_path), "--log-format", "json", "--reload-poll-seconds", "1",
+            *extra,
         ], self.dir / "webhook.log")
-        wait_for("the webhook to be ready", lambda: self.admin("/readyz")[0] == 200, timeout=20)
+        if wait_ready:
+            wait_for("the webhook to be ready", lambda: self.admin("/readyz")[0] == 200, timeout=20)
+        else:
+            wait_for("the webhook to answer", lambda: self.admin("/healthz")[0] == 200, timeout=20)
         return self
 
     def stop(self) -> None:
         if self.proc:
             stop_process(self.proc)
             self.proc = None
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def review(self, pod: dict, namespace: str, ca: bytes) -> dict:
+        """Posts an AdmissionReview for `pod` straight to the webhook (not through the API server)."""
+        import ssl
+        import uuid
+        ctx = ssl.create_default_context(cadata=ca.decode())
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+            "namespace": namespace, "object": pod}}).encode()
+        req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+            return json.loads(r.read())["response"]
 
     def admin(self, path: str) -> tuple[int, str]:
         try:
@@ -179,14 +202,34 @@ class Release:
     def config(self) -> str:
         return self.cluster.get("configmap", f"{self.fullname}-config", "-n", RELEASE_NS)["data"]["config.yaml"]
 
-    def start_webhook(self) -> Webhook:
+    def start_webhook(self, *extra: str) -> Webhook:
         data = self.secret()["data"]
         wh = Webhook(self.dir / "webhook", base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]),
                      self.config())
         wh.port = self.port
         wh.url = f"https://127.0.0.1:{self.port}/mutate"
-        self.webhook = wh.start()
+        self.webhook = wh.start(*extra)
         return wh
+
+    def service_account_kubeconfig(self, server: str | None = None) -> Path:
+        """A kubeconfig with a token of the chart's ServiceAccount: the webhook reads the cluster
+        with exactly the permissions the chart grants it."""
+        token = self.cluster.kubectl("create", "token", self.fullname, "-n", RELEASE_NS).stdout.strip()
+        path = self.dir / "sa-kubeconfig"
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {{server: "{server or self.cluster.cp.url}", certificate-authority: "{self.cluster.cp.pki.ca_crt}"}}
+users:
+- name: u
+  user: {{token: "{token}"}}
+contexts:
+- name: c
+  context: {{cluster: c, user: u}}
+current-context: c
+""")
+        return path
 
     def uninstall(self) -> None:
         if self.webhook:
