@@ -5,100 +5,142 @@
 
 use std::path::{Path, PathBuf};
 
-use evi::{config::Config, workload};
+use evi::{
+    cluster::{ClusterState, Known},
+    config::Config,
+    workload,
+};
 use serde_json::{Value, json};
 
 struct Case {
     name: &'static str,
     input: &'static str,
     config: &'static str,
+    /// CSIDriver and StorageClass objects for the cluster checks (`mutate --cluster`); none
+    /// when empty.
+    cluster: &'static str,
 }
 
 const CASES: &[Case] = &[
     Case {
+        name: "cluster-nextflow-job-mode",
+        input: "nextflow-job-mode.json",
+        config: "config.yaml",
+        cluster: "cluster.yaml",
+    },
+    Case {
+        name: "cluster-missing",
+        input: "cluster-missing.yaml",
+        config: "",
+        cluster: "cluster.yaml",
+    },
+    Case {
+        name: "cluster-missing-warn",
+        input: "cluster-missing.yaml",
+        config: "config-cluster-warn.yaml",
+        cluster: "cluster.yaml",
+    },
+    Case {
         name: "nextflow-pod-mode",
         input: "nextflow-pod-mode.json",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "nextflow-job-mode",
         input: "nextflow-job-mode.json",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "rule-only-job-pod",
         input: "rule-only-job-pod.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "multi-container",
         input: "multi-container.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "job",
         input: "job.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "cronjob",
         input: "cronjob.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "deployment",
         input: "deployment.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "statefulset",
         input: "statefulset.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "daemonset",
         input: "daemonset.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "replicaset",
         input: "replicaset.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "no-request",
         input: "no-request.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "conflict-volume",
         input: "conflict-volume.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "conflict-mountpath",
         input: "conflict-mountpath.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "policy-denied",
         input: "policy-denied.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "invalid-annotation",
         input: "invalid-annotation.yaml",
         config: "config.yaml",
+        cluster: "",
     },
     Case {
         name: "invalid-annotation-warn",
         input: "invalid-annotation.yaml",
         config: "config-warn.yaml",
+        cluster: "",
     },
     Case {
         name: "nextflow-pod-mode-defaults",
         input: "nextflow-pod-mode.json",
         config: "",
+        cluster: "",
     },
 ];
 
@@ -160,9 +202,16 @@ fn golden_outputs_match_and_a_second_pass_changes_nothing() {
         } else {
             Config::load(&data(case.config)).unwrap()
         };
+        let cluster = (!case.cluster.is_empty()).then(|| {
+            ClusterState::parse(&std::fs::read_to_string(data(case.cluster)).unwrap()).unwrap()
+        });
+        let known = cluster.as_ref().map(|state| Known {
+            state,
+            complete: true,
+        });
         let text = std::fs::read_to_string(data(&format!("inputs/{}", case.input))).unwrap();
         let object = workload::parse_object(&text).unwrap();
-        let preview = workload::preview(&cfg, None, &object, None).unwrap();
+        let preview = workload::preview(&cfg, known, &object, None).unwrap();
         let o = &preview.outcome;
         let summary = json!({
             "allowed": o.allowed(),
@@ -186,7 +235,7 @@ fn golden_outputs_match_and_a_second_pass_changes_nothing() {
         );
         deserializes_as_its_kind(&preview.mutated);
 
-        let again = workload::preview(&cfg, None, &preview.mutated, None).unwrap();
+        let again = workload::preview(&cfg, known, &preview.mutated, None).unwrap();
         assert!(
             again.outcome.allowed(),
             "{}: second pass denied: {:?}",
