@@ -1372,3 +1372,31 @@ async fn a_mismatched_key_swapped_in_the_kubelet_layout_is_a_counted_failure() {
     );
     drop(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_lives_for_the_idle_bound_not_hypers_30_s() {
+    // The API server reuses its connections (Go closes idle ones after 90 s): the webhook must
+    // not close them first. hyper's own header timer would, after 30 s.
+    let server = Server::start(&["--idle-timeout-seconds", "60"], None, dir());
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let mut conn = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+    let (_, request) = nextflow_review("idle-1");
+    let body = serde_json::to_vec(&request).unwrap();
+    assert_eq!(
+        conn.send("POST", "/mutate", body.clone()).await.unwrap().0,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_secs(32)).await;
+    let again = conn.send("POST", "/mutate", body).await;
+    assert_eq!(
+        again.map(|r| r.0),
+        Ok(StatusCode::OK),
+        "the keep-alive connection was closed while idle"
+    );
+    assert_eq!(
+        server
+            .metric("evi_connections_closed_total{port=\"webhook\",cause=\"idle\"}")
+            .await,
+        0.0
+    );
+}

@@ -222,7 +222,14 @@ pub async fn serve<IO>(
         }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    // hyper's own header-read timer (30 s by default once a timer is set) would also run
+    // while a keep-alive connection waits, cutting it before `h1_idle`: the phases here
+    // bound the headers instead.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
