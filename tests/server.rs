@@ -1089,8 +1089,45 @@ impl hyper::body::Body for Never {
     }
 }
 
+/// A request body that sends one byte every 300 ms, for ever.
+struct Trickle(tokio::time::Interval);
+
+impl hyper::body::Body for Trickle {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_tick(cx)
+            .map(|_| Some(Ok(hyper::body::Frame::data(Bytes::from_static(b" ")))))
+    }
+}
+
+/// An HTTP/2 request whose body trickles a byte every 300 ms.
+async fn hold_h2_trickle(server: &Server) -> Option<Box<dyn std::any::Any + Send>> {
+    let tcp = TcpStream::connect(server.webhook).await.ok()?;
+    let tls = connector(&server.ca_pem, Proto::H2)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .ok()?;
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    let req = Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(Trickle(tokio::time::interval(Duration::from_millis(300))))
+        .ok()?;
+    send.ready().await.ok()?;
+    Some(Box::new(tokio::spawn(send.send_request(req))))
+}
+
 /// An HTTP/2 connection holding its slot: a request whose body never comes, or (`idle`) one
-/// answered request and then nothing but the answers to the server's pings.
+/// answered request and then nothing but the answers to the server's pings (sent every
+/// second here: half the lowered idle bound).
 async fn hold_h2(server: &Server, idle: bool) -> Option<Box<dyn std::any::Any + Send>> {
     let tcp = TcpStream::connect(server.webhook).await.ok()?;
     let tls = connector(&server.ca_pem, Proto::H2)
@@ -1168,6 +1205,7 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
         "h1-no-body",
         "h1-trickle",
         "h2-no-body",
+        "h2-trickle",
         "h2-idle",
     ] {
         // Fill every slot with this shape.
@@ -1176,6 +1214,7 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
             let h: Option<Box<dyn std::any::Any + Send>> = match shape {
                 "h2-no-body" => hold_h2(&server, false).await,
                 "h2-idle" => hold_h2(&server, true).await,
+                "h2-trickle" => hold_h2_trickle(&server).await,
                 _ => hold(&server, shape)
                     .await
                     .map(|t| Box::new(t) as Box<dyn std::any::Any + Send>),
@@ -1227,8 +1266,8 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
         server
             .metric("evi_http_responses_total{port=\"webhook\",code=\"408\"}")
             .await
-            >= 3.0 * 256.0,
-        "bodies never sent or trickled: 408"
+            >= 4.0 * 256.0,
+        "bodies never sent or trickled (HTTP/1.1 and HTTP/2): 408"
     );
     assert!(
         server

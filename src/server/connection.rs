@@ -235,7 +235,10 @@ pub async fn serve<IO>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(256)
         // Pings find dead peers; they do not keep an idle connection open (h2_idle does that).
-        .keep_alive_interval(Some(Duration::from_secs(30)));
+        // At least two per idle bound, so a peer that stopped answering is found within it.
+        .keep_alive_interval(Some(
+            (bounds.h2_idle.min(Duration::from_secs(60)) / 2).max(Duration::from_secs(1)),
+        ));
     let builder = if h2 {
         builder.http2_only()
     } else {

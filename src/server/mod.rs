@@ -662,6 +662,17 @@ async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Byte
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
+        // Refused before it is read. A client that sends its body anyway (no `Expect:
+        // 100-continue`) is still writing it: read and drop up to one limit's worth for a
+        // moment, so that closing does not reset the connection under the 413 it has not
+        // read yet (the "lingering close" of other servers). With `Expect`, nothing is read.
+        let expects = req.headers().contains_key(header::EXPECT);
+        if !expects {
+            let body = req.into_body();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), collect(body, limit)).await;
+            });
+        }
         return Err(too_large());
     }
     match tokio::time::timeout(state.body_timeout, collect(req.into_body(), limit)).await {
