@@ -37,16 +37,6 @@ pub fn template_path(kind: &str) -> Option<&'static str> {
     })
 }
 
-/// Parses YAML or JSON (YAML is a superset) into one object.
-pub fn parse_object(text: &str) -> Result<Value, WorkloadError> {
-    let value: Value =
-        yaml_serde::from_str(text).map_err(|e| WorkloadError::Parse(e.to_string()))?;
-    if value.get("kind").and_then(Value::as_str).is_none() {
-        return Err(WorkloadError::NotAnObject);
-    }
-    Ok(value)
-}
-
 /// Parses what kubectl takes: one object, a multi-document YAML stream (empty documents
 /// skipped) or a `kind: List`, in order.
 pub fn parse_objects(text: &str) -> Result<Vec<Value>, WorkloadError> {

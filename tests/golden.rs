@@ -210,7 +210,8 @@ fn golden_outputs_match_and_a_second_pass_changes_nothing() {
             complete: true,
         });
         let text = std::fs::read_to_string(data(&format!("inputs/{}", case.input))).unwrap();
-        let object = workload::parse_object(&text).unwrap();
+        let [object] = <[_; 1]>::try_from(workload::parse_objects(&text).unwrap())
+            .expect("one object per golden input");
         let preview = workload::preview(&cfg, known, &object, None).unwrap();
         let o = &preview.outcome;
         let summary = json!({

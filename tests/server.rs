@@ -196,6 +196,21 @@ impl Server {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Waits until a metric reaches `at_least`, failing with `what` after `within`.
+    async fn wait_metric(
+        &self,
+        name_and_labels: &str,
+        at_least: f64,
+        within: Duration,
+        what: &str,
+    ) {
+        let t = Instant::now();
+        while self.metric(name_and_labels).await < at_least {
+            assert!(t.elapsed() < within, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn metric(&self, name_and_labels: &str) -> f64 {
         let (_, text) = self.admin_get("/metrics").await;
         text.lines()
@@ -729,18 +744,14 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
         "profiles:\n  tmp: {mountPath: /third, emptyDir: {sizeLimt: 1Gi}}\n",
     )
     .unwrap();
-    let t = Instant::now();
-    while server
-        .metric("evi_config_reloads_total{outcome=\"failure\",reason=\"invalid\"}")
-        .await
-        < 1.0
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "bad configuration not noticed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    server
+        .wait_metric(
+            "evi_config_reloads_total{outcome=\"failure\",reason=\"invalid\"}",
+            1.0,
+            Duration::from_secs(3),
+            "bad configuration not noticed",
+        )
+        .await;
     assert_eq!(
         mount_path_of(&server, &pod).await,
         "/second",
@@ -1385,18 +1396,14 @@ async fn a_mismatched_key_swapped_in_the_kubelet_layout_is_a_counted_failure() {
     let (cert2, _) = leaf(&ca, "localhost");
     let (_, key3) = leaf(&ca, "localhost");
     kubelet_write(dir.path(), 2, &cert2, &key3);
-    let t = Instant::now();
-    while server
-        .metric("evi_certificate_reloads_total{outcome=\"failure\",reason=\"key-mismatch\"}")
-        .await
-        < 1.0
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the mismatched key was not counted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    server
+        .wait_metric(
+            "evi_certificate_reloads_total{outcome=\"failure\",reason=\"key-mismatch\"}",
+            1.0,
+            Duration::from_secs(5),
+            "the mismatched key was not counted",
+        )
+        .await;
     let logs = server.logs.lock().unwrap().clone();
     assert!(
         logs.iter()

@@ -601,22 +601,30 @@ async fn accept_loop(
 // === the webhook ===
 
 pub fn webhook_router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/mutate", post(mutate))
-        .method_not_allowed_fallback(|| async {
+    let router = Router::new().route("/mutate", post(mutate));
+    with_json_errors(router, state, "webhook", "the webhook is POST /mutate")
+}
+
+/// The shared end of both routers: JSON 404 and 405 naming what the port serves, and every
+/// response counted by port and status code.
+fn with_json_errors(
+    router: Router<Arc<AppState>>,
+    state: Arc<AppState>,
+    port: &'static str,
+    serves: &'static str,
+) -> Router {
+    router
+        .method_not_allowed_fallback(move || async move {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed: the webhook is POST /mutate",
+                &format!("method not allowed: {serves}"),
             )
         })
-        .fallback(|| async {
-            json_error(
-                StatusCode::NOT_FOUND,
-                "not found: the webhook path is POST /mutate",
-            )
+        .fallback(move || async move {
+            json_error(StatusCode::NOT_FOUND, &format!("not found: {serves}"))
         })
         .layer(axum::middleware::from_fn_with_state(
-            (state.clone(), "webhook"),
+            (state.clone(), port),
             count_responses,
         ))
         .with_state(state)
@@ -799,7 +807,7 @@ async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request)
 // === the admin port ===
 
 pub fn admin_router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
@@ -832,24 +840,13 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
                     s.metrics.encode(),
                 )
             }),
-        )
-        .method_not_allowed_fallback(|| async {
-            json_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed: the admin endpoints are GET /healthz, /readyz, /metrics",
-            )
-        })
-        .fallback(|| async {
-            json_error(
-                StatusCode::NOT_FOUND,
-                "not found: the admin endpoints are GET /healthz, /readyz, /metrics",
-            )
-        })
-        .layer(axum::middleware::from_fn_with_state(
-            (state.clone(), "admin"),
-            count_responses,
-        ))
-        .with_state(state)
+        );
+    with_json_errors(
+        router,
+        state,
+        "admin",
+        "the admin endpoints are GET /healthz, /readyz, /metrics",
+    )
 }
 
 #[cfg(test)]
@@ -941,5 +938,34 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("admitted-on-error\"} "), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_length_is_refused_when_it_passes_the_limit() {
+        let state = state("");
+        let request = axum::http::Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(vec![b' '; (1 << 20) + 1]))
+            .unwrap();
+        assert!(request.headers().get(header::CONTENT_LENGTH).is_none());
+        let response = webhook_router(state.clone())
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(
+            body["error"].as_str().unwrap().contains("--max-body-bytes"),
+            "{body}"
+        );
+        assert!(
+            state
+                .metrics
+                .encode()
+                .contains("evi_http_responses_total{port=\"webhook\",code=\"413\"} 1")
+        );
     }
 }
