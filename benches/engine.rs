@@ -38,12 +38,15 @@ fn bench(c: &mut Criterion) {
     // Job mode (Nextflow's default since 26.10: profiles by name) and Pod mode (inline
     // key=value annotations, the heavier decision); the README reports both ratios.
     for (mode, input) in [
-        ("job-mode", "nextflow-job-mode.json"),
-        ("pod-mode", "nextflow-pod-mode.json"),
+        ("job-mode", "nextflow-job-mode"),
+        ("pod-mode", "nextflow-pod-mode"),
     ] {
         let body = body(input);
         assert!(
-            review::handle(&cfg, &body).unwrap().verdict == review::Verdict::Mutated,
+            matches!(
+                review::handle(&cfg, &body).unwrap().decision,
+                evi::decision::Decision::Mutated { .. }
+            ),
             "the {mode} fixture must be mutated"
         );
         let mut g = c.benchmark_group(format!("{mode}-{}B", body.len()));
@@ -55,7 +58,7 @@ fn bench(c: &mut Criterion) {
         });
         g.finish();
     }
-    let body = body("nextflow-pod-mode.json");
+    let body = body("nextflow-pod-mode");
     let mut g = c.benchmark_group("pod-mode-breakdown");
     // The pod alone, read as the engine reads it (the body's UTF-8 checked once, parsed as str).
     let pod_text = serde_json::to_string(
@@ -76,16 +79,17 @@ fn bench(c: &mut Criterion) {
     let pod: evi::pod::PodView = serde_json::from_str(&pod_text).unwrap();
     g.bench_function("breakdown: decide only (plan + patch)", |b| {
         b.iter(|| {
-            evi::engine::mutate(
+            evi::engine::decide(
                 &cfg,
+                None,
                 black_box(&pod),
-                evi::engine::Target {
+                evi::engine::PodLocation {
                     namespace: "nf",
-                    base: "",
+                    pointer: "",
                 },
             )
-            .patch
-            .len()
+            .patch()
+            .map(|p| p.len())
         })
     });
     g.finish();

@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::{
     cluster::ClusterState,
     config::{Config, ConfigError},
+    decision::Decision,
+    patch::Patch,
     server::ServeArgs,
     workload,
 };
@@ -160,13 +162,11 @@ fn mutate(args: &MutateArgs) -> ExitCode {
             Ok(p) => p,
             Err(e) => return usage(format!("{}: {which}{e}", args.file)),
         };
-        for w in &preview.outcome.warnings {
+        for w in preview.decision.warnings() {
             eprintln!("warning: {which}{w}");
         }
-        if !preview.outcome.allowed() {
-            if let Some(d) = &preview.outcome.denial {
-                eprintln!("denied ({}): {which}{}", d.code(), d.message);
-            }
+        if let Decision::Denied(d) = &preview.decision {
+            eprintln!("denied ({}): {which}{}", d.code(), d.message);
             denied = true;
         }
         previews.push(preview);
@@ -193,11 +193,14 @@ fn mutate(args: &MutateArgs) -> ExitCode {
 /// `List`, and for patches a JSON array with one patch per document, in order.
 fn render(output: Output, previews: &[workload::Preview]) -> Result<String, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
+    // No patch prints as an empty one.
+    let none = Patch::default();
+    let patch = |p: &'_ workload::Preview| -> Patch { p.decision.patch().unwrap_or(&none).clone() };
     match (output, previews) {
         (Output::Yaml, [one]) => yaml_serde::to_string(&one.mutated).map_err(|e| err(&e)),
         (Output::Json, [one]) => serde_json::to_string_pretty(&one.mutated).map_err(|e| err(&e)),
         (Output::Patch, [one]) => {
-            serde_json::to_string_pretty(&one.outcome.patch).map_err(|e| err(&e))
+            serde_json::to_string_pretty(&patch(one)).map_err(|e| err(&e))
         }
         (Output::Yaml, many) => {
             let mut out = String::new();
@@ -214,7 +217,7 @@ fn render(output: Output, previews: &[workload::Preview]) -> Result<String, Stri
         }))
         .map_err(|e| err(&e)),
         (Output::Patch, many) => {
-            let patches = many.iter().map(|p| &p.outcome.patch).collect::<Vec<_>>();
+            let patches = many.iter().map(patch).collect::<Vec<_>>();
             serde_json::to_string_pretty(&patches).map_err(|e| err(&e))
         }
     }

@@ -5,14 +5,12 @@ use std::{collections::BTreeMap, path::Path};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Deserialize;
-use serde_json::{Value, value::RawValue};
+use serde_json::Value;
 
 use crate::{
-    annotation::{
-        GrammarError, Medium, Source, VolumeKind, VolumeRequest, from_json_strict, parse_size,
-        validate_dns_label, validate_profile_name,
-    },
     quantity::Quantity,
+    validate::{self, Invalid, from_json_strict, parse_size},
+    volume::{Profile, Requested, VolumeKind, VolumeRequest},
 };
 
 pub const DEFAULT_PREFIX: &str = "ephemeral-volumes.io";
@@ -96,30 +94,9 @@ pub struct Config {
     pub cluster_check_token: String,
     pub on_error: OnError,
     pub cluster_checks: crate::cluster::Mode,
-    pub profiles: BTreeMap<String, VolumeRequest>,
-    /// Each profile's source, serialised at load (see [`CompiledSource`]).
-    pub profile_sources: BTreeMap<String, CompiledSource>,
+    pub profiles: BTreeMap<String, Profile>,
     pub rules: Vec<Rule>,
     pub policy: Policy,
-}
-
-/// A profile's volume source serialised once, when the configuration is loaded: a pod that
-/// uses the profile as is gets these bytes in its patch, not a copy of the source serialised
-/// again for every pod.
-#[derive(Debug, Clone)]
-pub struct CompiledSource {
-    pub kind: VolumeKind,
-    /// The source object: the value of the volume's `emptyDir`, `csi` or `ephemeral` field.
-    pub json: Box<RawValue>,
-    pub size: Option<Quantity>,
-    pub medium: Medium,
-}
-
-impl PartialEq for CompiledSource {
-    fn eq(&self, other: &Self) -> bool {
-        (self.kind, self.json.get(), self.size, self.medium)
-            == (other.kind, other.json.get(), other.size, other.medium)
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +162,6 @@ impl Config {
             on_error: OnError::Deny,
             cluster_checks: crate::cluster::Mode::default(),
             profiles: BTreeMap::new(),
-            profile_sources: BTreeMap::new(),
             rules: Vec::new(),
             policy: Policy::default(),
         }
@@ -203,15 +179,16 @@ impl Config {
     /// listed, type errors included: each part of the file is read on its own.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let mut errors = Vec::new();
-        let file = if text.trim().is_empty() {
+        // YAML syntax, and keys given twice (which YAML forbids and serde would let pass,
+        // keeping the last), stop the reading: there is no document to read further.
+        let syntax =
+            |e: yaml_serde::Error| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]);
+        let doc: Value = yaml_serde::from_str(text).map_err(syntax)?;
+        // An empty file, or one with only comments, is the default configuration.
+        let file = if doc.is_null() {
             FileConfig::default()
         } else {
-            // YAML syntax, and keys given twice (which YAML forbids and serde would let pass,
-            // keeping the last), stop the reading: there is no document to read further.
-            let syntax =
-                |e: yaml_serde::Error| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]);
-            yaml_serde::from_str::<crate::annotation::NoDuplicates>(text).map_err(syntax)?;
-            let doc: Value = yaml_serde::from_str(text).map_err(syntax)?;
+            yaml_serde::from_str::<validate::NoDuplicates>(text).map_err(syntax)?;
             FileConfig::read(doc, &mut errors)
         };
         compile(file, errors)
@@ -299,7 +276,7 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
         .unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
     if prefix
         .split('.')
-        .any(|l| validate_dns_label("", l).is_err())
+        .any(|l| validate::dns_label("", l).is_err())
         || prefix.len() > 253 - 9
     {
         errors.push(format!(
@@ -312,21 +289,14 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
 
     for (name, value) in &file.profiles {
         let at = format!("profiles.{name}");
-        if let Err(e) = validate_profile_name(name) {
+        if let Err(e) = validate::profile_name(name) {
             errors.push(format!("{at}: {e}"));
             continue;
         }
-        match VolumeRequest::from_json(value) {
-            Ok(req) if matches!(req.source, Source::Profile(_)) => {
-                errors.push(format!("{at}: a profile cannot name another profile"));
+        match VolumeRequest::from_json(value).and_then(Profile::compile) {
+            Ok(profile) => {
+                cfg.profiles.insert(name.clone(), profile);
             }
-            Ok(req) => match crate::engine::compile_source(&req.source) {
-                Ok(compiled) => {
-                    cfg.profile_sources.insert(name.clone(), compiled);
-                    cfg.profiles.insert(name.clone(), req);
-                }
-                Err(e) => errors.push(format!("{at}: {e}")),
-            },
             Err(e) => errors.push(format!("{at}: {e}")),
         }
     }
@@ -346,7 +316,7 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
         let mut volumes = BTreeMap::new();
         for (vol, value) in rule.volumes {
             let vat = format!("{at}.volumes.{vol}");
-            if let Err(e) = validate_dns_label("volume name", &vol) {
+            if let Err(e) = validate::dns_label("volume name", &vol) {
                 errors.push(format!("{vat}: {e}"));
                 continue;
             }
@@ -356,7 +326,7 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
             };
             match parsed {
                 Ok(req) => {
-                    if let Source::Profile(p) = &req.source
+                    if let Requested::Profile(p) = &req.source
                         && !cfg.profiles.contains_key(p)
                         && !file.profiles.contains_key(p)
                     {
@@ -370,7 +340,7 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
             }
         }
         for ns in rule.namespaces.iter().flatten() {
-            if let Err(e) = validate_dns_label("namespace", ns) {
+            if let Err(e) = validate::dns_label("namespace", ns) {
                 errors.push(format!("{at}.namespaces: {e}"));
             }
         }
@@ -420,14 +390,16 @@ fn check_rule(
     for (vol, req) in volumes {
         let vat = format!("{at}.volumes.{vol}");
         let profile = match &req.source {
-            Source::Profile(p) => match cfg.profiles.get(p) {
+            Requested::Profile(p) => match cfg.profiles.get(p) {
                 Some(profile) => Some((p, profile)),
                 // Reported where the volume was read.
                 None => continue,
             },
             _ => None,
         };
-        if req.mount_path.is_none() && profile.is_none_or(|(_, p)| p.mount_path.is_none()) {
+        if req.mount.mount_path.is_none()
+            && profile.is_none_or(|(_, p)| p.mount.mount_path.is_none())
+        {
             errors.push(match profile {
                 Some((p, _)) => format!(
                     "{vat}: no mountPath: profile {p:?} does not set one; every pod the rule matches would be denied"
@@ -439,7 +411,7 @@ fn check_rule(
         }
         if let Some((p, profile)) = profile
             && (req.size.is_some() || req.size_from_request)
-            && profile.source.kind() == Some(VolumeKind::Csi)
+            && profile.source.kind() == VolumeKind::Csi
         {
             errors.push(format!(
                 "{vat}: size does not apply to profile {p:?}, a CSI inline volume"
@@ -512,7 +484,7 @@ enum Requirement {
 }
 
 impl Selector {
-    fn from_json(v: &Value) -> Result<Selector, GrammarError> {
+    fn from_json(v: &Value) -> Result<Selector, Invalid> {
         let sel: LabelSelector = from_json_strict("podSelector", v)?;
         let mut expressions = Vec::new();
         for (i, e) in sel
@@ -525,13 +497,13 @@ impl Selector {
             let at = format!("matchExpressions[{i}] ({})", e.key);
             let req = match e.operator.as_str() {
                 "In" | "NotIn" if values.is_empty() => {
-                    return Err(GrammarError(format!(
+                    return Err(Invalid(format!(
                         "{at}: operator {} needs values",
                         e.operator
                     )));
                 }
                 "Exists" | "DoesNotExist" if !values.is_empty() => {
-                    return Err(GrammarError(format!(
+                    return Err(Invalid(format!(
                         "{at}: operator {} takes no values",
                         e.operator
                     )));
@@ -541,7 +513,7 @@ impl Selector {
                 "Exists" => Requirement::Exists(e.key),
                 "DoesNotExist" => Requirement::DoesNotExist(e.key),
                 other => {
-                    return Err(GrammarError(format!(
+                    return Err(Invalid(format!(
                         "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
                     )));
                 }
@@ -573,20 +545,14 @@ impl Selector {
 }
 
 impl Rule {
-    pub fn matches<K, V>(&self, namespace: &str, labels: &BTreeMap<K, V>) -> bool
-    where
-        K: std::borrow::Borrow<str> + Ord,
-        V: std::ops::Deref<Target = str>,
-    {
-        self.in_namespace(namespace) && self.selects(labels)
-    }
-
+    /// Whether the rule applies in this namespace (every namespace when none are listed).
     pub fn in_namespace(&self, namespace: &str) -> bool {
         self.namespaces
             .as_ref()
             .is_none_or(|ns| ns.iter().any(|n| n == namespace))
     }
 
+    /// Whether the rule's pod selector matches these labels (every pod when it has none).
     pub fn selects<K, V>(&self, labels: &BTreeMap<K, V>) -> bool
     where
         K: std::borrow::Borrow<str> + Ord,
@@ -599,6 +565,7 @@ impl Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volume::{Medium, Source};
 
     const DOCUMENTED_EXAMPLE: &str = r#"
 annotationPrefix: ephemeral-volumes.io
@@ -639,21 +606,21 @@ policy:
         assert_eq!(cfg.profiles.len(), 2);
         assert_eq!(
             cfg.rules[0].volumes["scratch"].source,
-            Source::Profile("ebs-200g".into())
+            Requested::Profile("ebs-200g".into())
         );
         assert_eq!(cfg.policy.max_memory, Some("8Gi".parse().unwrap()));
         assert_eq!(cfg.policy.max_volumes_per_pod, Some(8));
         let labels = BTreeMap::from([("nextflow.io/app".to_owned(), "nextflow".to_owned())]);
-        assert!(cfg.rules[0].matches("nf", &labels));
-        assert!(!cfg.rules[0].matches("default", &labels));
-        assert!(!cfg.rules[0].matches("nf", &BTreeMap::<String, String>::new()));
+        let rule = &cfg.rules[0];
+        assert!(rule.in_namespace("nf") && rule.selects(&labels));
+        assert!(!rule.in_namespace("default"));
+        assert!(!rule.selects(&BTreeMap::<String, String>::new()));
     }
 
     #[test]
     fn profile_sources_are_compiled_once_with_their_size() {
         let cfg = Config::parse(DOCUMENTED_EXAMPLE).unwrap();
-        assert_eq!(cfg.profile_sources.len(), cfg.profiles.len());
-        let ebs = &cfg.profile_sources["ebs-200g"];
+        let ebs = &cfg.profiles["ebs-200g"].compiled;
         assert_eq!(ebs.kind, VolumeKind::Ephemeral);
         assert_eq!(ebs.size, Some("200Gi".parse().unwrap()));
         let Source::Ephemeral(source) = &cfg.profiles["ebs-200g"].source else {
@@ -663,7 +630,7 @@ policy:
             serde_json::from_str::<Value>(ebs.json.get()).unwrap(),
             serde_json::to_value(source).unwrap()
         );
-        let shm = &cfg.profile_sources["shm"];
+        let shm = &cfg.profiles["shm"].compiled;
         assert_eq!(
             (shm.kind, shm.medium),
             (VolumeKind::EmptyDir, Medium::Memory)
@@ -675,6 +642,10 @@ policy:
     fn an_empty_file_is_the_default_configuration() {
         assert_eq!(Config::parse("").unwrap(), Config::default());
         assert_eq!(Config::parse("{}\n").unwrap(), Config::default());
+        assert_eq!(
+            Config::parse("# nothing set yet\n").unwrap(),
+            Config::default()
+        );
     }
 
     #[test]

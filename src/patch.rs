@@ -1,10 +1,14 @@
 //! JSON Patch (RFC 6902): the operations the webhook writes, and the values it writes in them.
 
-use serde::Serialize;
+use std::collections::BTreeMap;
 
-/// A JSON Patch, written as JSON while the engine builds it: the ops' values are serialised
-/// straight from the engine's own (borrowed) objects, so nothing is cloned into an
-/// intermediate tree and the response only has to base64 the bytes.
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::volume::VolumeKind;
+
+/// A JSON Patch, kept as the JSON it is: each op's value is serialised as it is added, so the
+/// response only has to base64 the bytes.
 ///
 /// The webhook only ever adds: whole arrays where they are missing, `/-` appends otherwise,
 /// and single annotation keys. It never replaces an existing array.
@@ -29,6 +33,7 @@ impl Patch {
         Patch { json, ops: 0 }
     }
 
+    /// Whether there is no operation.
     pub fn is_empty(&self) -> bool {
         self.ops == 0
     }
@@ -77,16 +82,6 @@ impl Patch {
             self.json.push(b',');
         }
     }
-
-    /// Appends every operation of `other`, in order.
-    pub fn append(&mut self, other: &Patch) {
-        if other.is_empty() {
-            return;
-        }
-        self.reopen();
-        self.json.extend_from_slice(&other.json[1..]);
-        self.ops += other.ops;
-    }
 }
 
 impl Serialize for Patch {
@@ -97,42 +92,59 @@ impl Serialize for Patch {
     }
 }
 
-/// Serialises as a one-entry JSON object, `{key: value}`.
-pub struct Entry<'a>(pub &'a str, pub &'a str);
+/// `metadata` holding only annotations, for a pod that has no `metadata` at all.
+#[derive(Serialize)]
+pub struct MetadataWith<'a> {
+    /// The annotations to set.
+    pub annotations: &'a BTreeMap<&'a str, &'a str>,
+}
 
-impl Serialize for Entry<'_> {
+/// A `core/v1` Volume with one source, kept as the JSON it is written as; serialises as
+/// k8s-openapi's `Volume` does (keys in its order: the source, then `name`).
+#[derive(Debug, Clone)]
+pub struct Volume {
+    /// The volume's name.
+    pub name: String,
+    /// The source's field: `emptyDir`, `csi` or `ephemeral`.
+    pub kind: VolumeKind,
+    /// The source object.
+    pub source: Box<RawValue>,
+}
+
+impl Serialize for Volume {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry(self.0, self.1)?;
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry(self.kind.as_str(), &self.source)?;
+        m.serialize_entry("name", &self.name)?;
         m.end()
     }
 }
 
-/// `metadata` holding only annotations, for a pod that has no `metadata` at all.
-#[derive(Serialize)]
-pub struct MetadataWith<'a> {
-    pub annotations: Entry<'a>,
-}
-
 /// A `core/v1` VolumeMount with the fields the webhook sets; serialises as k8s-openapi's
 /// `VolumeMount` does (same names, same order, absent fields omitted).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MountValue<'a> {
-    pub mount_path: &'a str,
-    pub name: &'a str,
+pub struct VolumeMount {
+    /// Where it is mounted.
+    pub mount_path: String,
+    /// The volume's name.
+    pub name: String,
+    /// `readOnly`, when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
+    /// `subPath`, when given.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sub_path: Option<&'a str>,
+    pub sub_path: Option<String>,
 }
 
 /// A `core/v1` EnvVar with a literal value; serialises as k8s-openapi's `EnvVar` does.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct EnvValue<'a> {
-    pub name: &'a str,
-    pub value: &'a str,
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EnvVar {
+    /// The variable.
+    pub name: String,
+    /// Its value (a mount path).
+    pub value: String,
 }
 
 /// RFC 6901: `~` becomes `~0`, `/` becomes `~1`.
@@ -150,16 +162,16 @@ mod tests {
 
     #[test]
     fn mounts_and_env_serialise_as_kubernetes_types() {
-        use k8s_openapi::api::core::v1::{EnvVar, VolumeMount};
+        use k8s_openapi::api::core::v1 as k8s;
         for (read_only, sub_path) in [(None, None), (Some(true), Some("a/b")), (Some(false), None)]
         {
-            let ours = MountValue {
-                mount_path: "/scratch",
-                name: "scratch",
+            let ours = VolumeMount {
+                mount_path: "/scratch".into(),
+                name: "scratch".into(),
                 read_only,
-                sub_path,
+                sub_path: sub_path.map(str::to_owned),
             };
-            let theirs = VolumeMount {
+            let theirs = k8s::VolumeMount {
                 mount_path: "/scratch".into(),
                 name: "scratch".into(),
                 read_only,
@@ -171,11 +183,11 @@ mod tests {
                 serde_json::to_string(&theirs).unwrap()
             );
         }
-        let env = EnvValue {
-            name: "TMPDIR",
-            value: "/scratch",
+        let env = EnvVar {
+            name: "TMPDIR".into(),
+            value: "/scratch".into(),
         };
-        let theirs = EnvVar {
+        let theirs = k8s::EnvVar {
             name: "TMPDIR".into(),
             value: Some("/scratch".into()),
             value_from: None,
@@ -201,18 +213,18 @@ mod tests {
         let mut patch = Patch::default();
         assert_eq!(patch.as_bytes(), b"[]");
         patch.add("/metadata/annotations/a~1b", "x").unwrap();
-        let mut more = Patch::default();
-        more.add(
-            "/spec/env",
-            &[EnvValue {
-                name: "TMPDIR",
-                value: "/scratch",
-            }],
-        )
-        .unwrap();
-        more.add("/metadata/labels", &Entry("k\"", "v")).unwrap();
-        patch.append(&more);
-        patch.append(&Patch::default());
+        patch
+            .add(
+                "/spec/env",
+                &[EnvVar {
+                    name: "TMPDIR".into(),
+                    value: "/scratch".into(),
+                }],
+            )
+            .unwrap();
+        patch
+            .add("/metadata/labels", &BTreeMap::from([("k\"", "v")]))
+            .unwrap();
         assert_eq!(patch.len(), 3);
         let parsed: json_patch::Patch = serde_json::from_slice(patch.as_bytes()).unwrap();
         let mut doc = serde_json::json!({"metadata": {"annotations": {}}, "spec": {}});

@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::{
-    annotation::VolumeKind,
     cluster::Known,
     config::Config,
-    engine::{self, DenyReason, Outcome, Target},
+    decision::Decision,
+    engine::{self, PodLocation},
     pod::{PodView, Str},
 };
 
@@ -83,29 +83,20 @@ struct StatusOut<'a> {
     message: &'a str,
 }
 
-/// What happened to one review, for metrics and the decision log.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    /// Not a Pod CREATE, or a pod that asked for nothing.
-    Unchanged,
-    /// A patch was returned (possibly only the status annotation under `onError: warn`).
-    Mutated,
-    Denied(DenyReason),
-    /// `onError: warn`: the pod could not be served and is admitted unchanged, with the status
-    /// annotation (already there when the API server calls again: still this verdict).
-    AdmittedDespiteError(DenyReason),
-}
-
 /// The response and what the decision log and metrics need, borrowing from the request body.
 #[derive(Debug, Clone)]
 pub struct Handled<'a> {
+    /// The AdmissionReview to send back.
     pub body: Vec<u8>,
-    pub verdict: Verdict,
+    /// What was decided ([`Decision::Unchanged`] for anything but a Pod CREATE).
+    pub decision: Decision,
+    /// The request's uid.
     pub uid: &'a str,
+    /// The request's namespace.
     pub namespace: Cow<'a, str>,
+    /// The pod's name, or its `generateName` with a `*`; empty when it is not a pod.
     pub pod: Cow<'a, str>,
-    pub injected: Vec<(String, VolumeKind)>,
-    pub message: Option<String>,
+    /// A server-side dry run.
     pub dry_run: bool,
 }
 
@@ -169,41 +160,34 @@ fn decide<'a>(
 ) -> Result<Handled<'a>, ReviewError> {
     let mut req = review.request.ok_or(ReviewError::NoRequest)?;
     let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
-    let mut handled = Handled {
-        body: Vec::new(),
-        verdict: Verdict::Unchanged,
-        uid: req.uid,
-        namespace,
-        pod: Cow::Borrowed(""),
-        injected: Vec::new(),
-        message: None,
-        dry_run: req.dry_run.unwrap_or(false),
-    };
-    let outcome = match (is_pod_create(&req), &req.object) {
-        (true, Some(pod)) => {
-            handled.pod = pod.display_name();
-            engine::mutate_in(
+    let (pod, decision) = match (is_pod_create(&req), &req.object) {
+        (true, Some(pod)) => (
+            pod.display_name(),
+            engine::decide(
                 cfg,
                 cluster,
                 pod,
-                Target {
-                    namespace: &handled.namespace,
-                    base: "",
+                PodLocation {
+                    namespace: &namespace,
+                    pointer: "",
                 },
-            )
-        }
-        _ => Outcome::default(),
+            ),
+        ),
+        _ => (
+            Cow::Borrowed(""),
+            Decision::Unchanged {
+                warnings: Vec::new(),
+            },
+        ),
     };
-    handled.body = encode(review.api_version, review.kind, req.uid, &outcome)?;
-    handled.verdict = match (&outcome.denial, outcome.admitted_despite_error) {
-        (Some(d), false) => Verdict::Denied(d.reason),
-        (Some(d), true) => Verdict::AdmittedDespiteError(d.reason),
-        (None, _) if outcome.patch.is_empty() => Verdict::Unchanged,
-        (None, _) => Verdict::Mutated,
-    };
-    handled.message = outcome.denial.map(|d| d.message);
-    handled.injected = outcome.injected;
-    Ok(handled)
+    Ok(Handled {
+        body: encode(review.api_version, review.kind, req.uid, &decision)?,
+        decision,
+        uid: req.uid,
+        namespace,
+        pod,
+        dry_run: req.dry_run.unwrap_or(false),
+    })
 }
 
 /// Writes the response envelope by hand so the base64 patch goes straight into the output
@@ -212,14 +196,10 @@ fn encode(
     api_version: &str,
     kind: &str,
     uid: &str,
-    outcome: &Outcome,
+    decision: &Decision,
 ) -> Result<Vec<u8>, ReviewError> {
-    let allowed = outcome.allowed();
-    let patch = if allowed && !outcome.patch.is_empty() {
-        Some(outcome.patch.as_bytes())
-    } else {
-        None
-    };
+    let allowed = decision.allowed();
+    let patch = decision.patch().map(|p| p.as_bytes());
     let mut out = Vec::with_capacity(256 + patch.map_or(0, |p| p.len() * 4 / 3 + 4));
     out.extend_from_slice(b"{\"apiVersion\":");
     json(&mut out, &api_version)?;
@@ -232,7 +212,7 @@ fn encode(
     } else {
         b",\"allowed\":false"
     });
-    if let Some(d) = outcome.denial.as_ref().filter(|_| !allowed) {
+    if let Decision::Denied(d) = decision {
         out.extend_from_slice(b",\"status\":");
         json(
             &mut out,
@@ -254,9 +234,9 @@ fn encode(
         out.truncate(start + written);
         out.push(b'"');
     }
-    if !outcome.warnings.is_empty() {
+    if !decision.warnings().is_empty() {
         out.extend_from_slice(b",\"warnings\":");
-        json(&mut out, &outcome.warnings)?;
+        json(&mut out, decision.warnings())?;
     }
     out.extend_from_slice(b"}}");
     Ok(out)
@@ -269,7 +249,10 @@ fn json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), Revie
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Denial;
+    use crate::{
+        decision::{Denial, DenyReason},
+        volume::VolumeKind,
+    };
     use serde_json::{Value, json};
 
     fn body(kind: &str, op: &str, object: Value) -> Vec<u8> {
@@ -283,14 +266,10 @@ mod tests {
 
     #[test]
     fn the_envelope_is_valid_json_with_escaped_strings() {
-        let outcome = Outcome {
-            denial: Some(Denial {
-                reason: DenyReason::Policy,
-                message: "a \"quoted\" \\ message\n".into(),
-            }),
-            warnings: vec!["w\"1".into()],
-            ..Outcome::default()
-        };
+        let outcome = Decision::Denied(Denial::new(
+            DenyReason::Policy,
+            "a \"quoted\" \\ message\n",
+        ));
         let out: Value = serde_json::from_slice(
             &encode("admission.k8s.io/v1", "AdmissionReview", "u\"1", &outcome).unwrap(),
         )
@@ -302,6 +281,13 @@ mod tests {
             out["response"]["status"]["message"],
             "a \"quoted\" \\ message\n"
         );
+        assert!(out["response"].get("warnings").is_none());
+        let warned = Decision::Unchanged {
+            warnings: vec!["w\"1".into()],
+        };
+        let out: Value =
+            serde_json::from_slice(&encode("v", "k", "u", &warned).unwrap()).unwrap();
+        assert_eq!(out["response"]["allowed"], true);
         assert_eq!(out["response"]["warnings"][0], "w\"1");
         assert!(out["response"].get("patch").is_none());
     }
@@ -313,7 +299,7 @@ mod tests {
         let cfg = Config::default();
         let request = body("Pod", "CREATE", pod.clone());
         let h = handle(&cfg, &request).unwrap();
-        assert_eq!(h.verdict, Verdict::Mutated);
+        assert!(matches!(h.decision, Decision::Mutated { .. }));
         for (kind, op) in [
             ("Pod", "UPDATE"),
             ("Pod", "DELETE"),
@@ -321,7 +307,7 @@ mod tests {
         ] {
             let request = body(kind, op, pod.clone());
             let h = handle(&cfg, &request).unwrap();
-            assert_eq!(h.verdict, Verdict::Unchanged, "{kind} {op}");
+            assert!(matches!(h.decision, Decision::Unchanged { .. }), "{kind} {op}");
             let out: Value = serde_json::from_slice(&h.body).unwrap();
             assert_eq!(out["response"]["allowed"], true);
             assert!(out["response"].get("patch").is_none());
@@ -330,7 +316,7 @@ mod tests {
         let odd = json!({"spec": {"containers": "not a list"}});
         let request = body("Widget", "CREATE", odd.clone());
         let h = handle(&cfg, &request).unwrap();
-        assert_eq!(h.verdict, Verdict::Unchanged);
+        assert!(matches!(h.decision, Decision::Unchanged { .. }));
         assert!(matches!(
             handle(&cfg, &body("Pod", "CREATE", odd)),
             Err(ReviewError::Malformed(_))
@@ -377,19 +363,25 @@ mod tests {
         let pod = |labels: Value| json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c"}]}});
         let request = body("Pod", "CREATE", pod(json!({"app": "x"})));
         let h = handle(&cfg, &request).unwrap();
-        assert_eq!(h.verdict, Verdict::Mutated);
-        assert_eq!(h.injected, [("tmp".to_owned(), VolumeKind::EmptyDir)]);
+        assert!(matches!(h.decision, Decision::Mutated { .. }));
+        assert_eq!(h.decision.injected(), [("tmp".to_owned(), VolumeKind::EmptyDir)]);
         let request = body("Pod", "CREATE", pod(json!({"app": 1})));
         let h = handle(&cfg, &request).unwrap();
-        assert_eq!(h.verdict, Verdict::Denied(DenyReason::Invalid));
-        assert!(h.message.unwrap().starts_with("metadata.labels: "));
+        let Decision::Denied(d) = &h.decision else {
+            panic!("{:?}", h.decision)
+        };
+        assert_eq!(d.reason, DenyReason::Invalid);
+        assert!(d.message.starts_with("metadata.labels: "));
         // Outside the rule's namespaces the labels are never decoded.
         let mut other = body("Pod", "CREATE", pod(json!({"app": 1})));
         other = String::from_utf8(other)
             .unwrap()
             .replace("\"nf\"", "\"ns2\"")
             .into_bytes();
-        assert_eq!(handle(&cfg, &other).unwrap().verdict, Verdict::Unchanged);
+        assert!(matches!(
+            handle(&cfg, &other).unwrap().decision,
+            Decision::Unchanged { .. }
+        ));
     }
 
     #[test]

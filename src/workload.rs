@@ -5,7 +5,8 @@ use serde_json::Value;
 use crate::{
     cluster::Known,
     config::Config,
-    engine::{self, Outcome, Target},
+    decision::Decision,
+    engine::{self, PodLocation},
     pod::PodView,
 };
 
@@ -61,8 +62,11 @@ pub fn parse_objects(text: &str) -> Result<Vec<Value>, WorkloadError> {
     Ok(out)
 }
 
+/// What the engine decides for an object's pod, and the object with the patch applied.
 pub struct Preview {
-    pub outcome: Outcome,
+    /// The decision for the object's pod (template).
+    pub decision: Decision,
+    /// The object as the patch leaves it (unchanged without one).
     pub mutated: Value,
 }
 
@@ -104,22 +108,22 @@ pub fn preview(
                 .and_then(Value::as_str)
         })
         .unwrap_or("default");
-    let outcome = engine::mutate_in(
+    let decision = engine::decide(
         cfg,
         cluster,
         &pod,
-        Target {
+        PodLocation {
             namespace: ns,
-            base,
+            pointer: base,
         },
     );
     let mut mutated = object.clone();
-    if !outcome.patch.is_empty() {
-        let ops = serde_json::to_value(&outcome.patch)
+    if let Some(patch) = decision.patch() {
+        let ops = serde_json::to_value(patch)
             .map_err(|e| WorkloadError::Apply(e.to_string()))?;
         let patch: json_patch::Patch =
             serde_json::from_value(ops).map_err(|e| WorkloadError::Apply(e.to_string()))?;
         json_patch::patch(&mut mutated, &patch).map_err(|e| WorkloadError::Apply(e.to_string()))?;
     }
-    Ok(Preview { outcome, mutated })
+    Ok(Preview { decision, mutated })
 }

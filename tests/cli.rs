@@ -14,6 +14,16 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ephemeral-volume-injector"))
 }
 
+/// The input of a golden case.
+fn golden_input(case: &str, ext: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(case)
+        .join(format!("input.{ext}"))
+        .display()
+        .to_string()
+}
+
 fn data(p: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
@@ -48,7 +58,7 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn mutate_prints_the_patch_the_mutated_object_in_json_and_yaml() {
-    let input = data("inputs/deployment.yaml");
+    let input = golden_input("deployment", "yaml");
     let out = run(&["mutate", "-f", &input, "-o", "patch"], None);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let patch: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
@@ -72,7 +82,7 @@ fn mutate_prints_the_patch_the_mutated_object_in_json_and_yaml() {
 
 #[test]
 fn mutate_reads_stdin_and_prints_an_empty_patch_when_nothing_is_asked() {
-    let pod = std::fs::read_to_string(data("inputs/no-request.yaml")).unwrap();
+    let pod = std::fs::read_to_string(golden_input("no-request", "yaml")).unwrap();
     let out = run(&["mutate", "-f", "-", "-o", "patch"], Some(&pod));
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout).trim(), "[]");
@@ -86,7 +96,7 @@ fn mutate_exits_1_with_the_reason_when_denied() {
             "--config",
             &data("config.yaml"),
             "-f",
-            &data("inputs/policy-denied.yaml"),
+            &golden_input("policy-denied", "yaml"),
         ],
         None,
     );
@@ -102,7 +112,7 @@ fn mutate_exits_1_with_the_reason_when_denied() {
 
 #[test]
 fn mutate_matches_rules_in_the_given_namespace() {
-    let input = data("inputs/rule-only-job-pod.yaml");
+    let input = golden_input("rule-only-job-pod", "yaml");
     let cfg = data("config.yaml");
     let out = run(
         &["mutate", "--config", &cfg, "-f", &input, "-o", "patch"],
@@ -170,9 +180,9 @@ fn mutate_exits_2_on_bad_input_configuration_or_usage() {
             vec![
                 "mutate".into(),
                 "--config".into(),
-                data("inputs/job.yaml"),
+                golden_input("job", "yaml"),
                 "-f".into(),
-                data("inputs/job.yaml"),
+                golden_input("job", "yaml"),
             ],
             None,
             "configuration",
@@ -181,7 +191,7 @@ fn mutate_exits_2_on_bad_input_configuration_or_usage() {
             vec![
                 "mutate".into(),
                 "-f".into(),
-                data("inputs/job.yaml"),
+                golden_input("job", "yaml"),
                 "-o".into(),
                 "xml".into(),
             ],

@@ -66,7 +66,7 @@ proptest! {
 
     #[test]
     fn arbitrary_annotation_values_parse_or_fail_with_a_message(value in "\\PC{0,80}") {
-        match value.parse::<evi::annotation::VolumeRequest>() {
+        match value.parse::<evi::volume::VolumeRequest>() {
             // A refusal names a field, the form, or the value it could not read.
             Err(e) => prop_assert!(
                 ["field", "profile", "JSON", "key=value", "value", "source", "type", "mountPath", "size",
@@ -75,7 +75,7 @@ proptest! {
                     .iter().any(|w| e.0.contains(w)),
                 "{value:?}: a message that names nothing: {}", e.0),
             // Whatever is accepted has exactly one source and a valid mount path, if any.
-            Ok(req) => if let Some(p) = &req.mount_path {
+            Ok(req) => if let Some(p) = &req.mount.mount_path {
                 prop_assert!(p.starts_with('/') && p != "/" && !p.ends_with('/'), "{value:?}: mountPath {p:?}");
             },
         }
@@ -97,7 +97,7 @@ fn inputs_that_once_crashed_a_fuzz_target_stay_fixed() {
             match target {
                 "annotation" => {
                     let _ =
-                        String::from_utf8_lossy(&data).parse::<evi::annotation::VolumeRequest>();
+                        String::from_utf8_lossy(&data).parse::<evi::volume::VolumeRequest>();
                 }
                 "config" => {
                     let _ = Config::parse(&String::from_utf8_lossy(&data));

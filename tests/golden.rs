@@ -1,7 +1,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure should stop loudly
-//! Golden tests: realistic inputs through the engine (`mutate`'s library path), compared with
-//! the files in `tests/golden/`. `UPDATE_GOLDEN=1 cargo test --test golden` rewrites them;
-//! review the diff. CI validates every `*.out.json` against the Kubernetes schema.
+//! Golden tests: one directory of `tests/golden/` per case, one test per directory, through
+//! the engine (`mutate`'s library path). A case is:
+//!
+//! - `input.yaml` or `input.json`: one object (a Pod, or a workload with a pod template);
+//! - `config.yaml` (optional): the configuration; without one, `tests/data/config.yaml`;
+//! - `cluster.yaml` (optional): CSIDriver and StorageClass objects for the cluster checks;
+//!   without one, no checks;
+//! - `decision.json`: allowed, code, message, warnings and patch;
+//! - `output.json`: the object as the patch leaves it (when the pod is admitted).
+//!
+//! A new case is a new directory with its input (and a config if it needs its own):
+//! `UPDATE_GOLDEN=1 cargo test --test golden` writes the expectations; review them. CI
+//! validates every `output.json` against the Kubernetes schema, and a second pass over each
+//! output must change nothing.
 
 use std::path::{Path, PathBuf};
 
@@ -10,177 +21,102 @@ use evi::{
     config::Config,
     workload,
 };
+use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
 
-struct Case {
-    name: &'static str,
-    input: &'static str,
-    config: &'static str,
-    /// CSIDriver and StorageClass objects for the cluster checks (`mutate --cluster`); none
-    /// when empty.
-    cluster: &'static str,
+fn main() {
+    let args = Arguments::from_args();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    assert!(!cases.is_empty(), "no cases under {}", root.display());
+    let trials = cases
+        .into_iter()
+        .map(|dir| {
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            Trial::test(name, move || run(&dir).map_err(Failed::from))
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
 }
 
-const CASES: &[Case] = &[
-    Case {
-        name: "cluster-nextflow-job-mode",
-        input: "nextflow-job-mode.json",
-        config: "config.yaml",
-        cluster: "cluster.yaml",
-    },
-    Case {
-        name: "cluster-missing",
-        input: "cluster-missing.yaml",
-        config: "",
-        cluster: "cluster.yaml",
-    },
-    Case {
-        name: "cluster-missing-warn",
-        input: "cluster-missing.yaml",
-        config: "config-cluster-warn.yaml",
-        cluster: "cluster.yaml",
-    },
-    Case {
-        name: "nextflow-pod-mode",
-        input: "nextflow-pod-mode.json",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "nextflow-job-mode",
-        input: "nextflow-job-mode.json",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "rule-only-job-pod",
-        input: "rule-only-job-pod.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "multi-container",
-        input: "multi-container.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "job",
-        input: "job.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "cronjob",
-        input: "cronjob.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "deployment",
-        input: "deployment.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "statefulset",
-        input: "statefulset.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "daemonset",
-        input: "daemonset.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "replicaset",
-        input: "replicaset.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "no-request",
-        input: "no-request.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "conflict-volume",
-        input: "conflict-volume.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "conflict-mountpath",
-        input: "conflict-mountpath.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "policy-denied",
-        input: "policy-denied.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "invalid-annotation",
-        input: "invalid-annotation.yaml",
-        config: "config.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "invalid-annotation-warn",
-        input: "invalid-annotation.yaml",
-        config: "config-warn.yaml",
-        cluster: "",
-    },
-    Case {
-        name: "nextflow-pod-mode-defaults",
-        input: "nextflow-pod-mode.json",
-        config: "",
-        cluster: "",
-    },
-];
+fn run(dir: &Path) -> Result<(), String> {
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let config = dir.join("config.yaml");
+    let config = if config.exists() {
+        config
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/config.yaml")
+    };
+    let cfg = Config::load(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let cluster = dir.join("cluster.yaml");
+    let cluster = match cluster.exists() {
+        true => Some(ClusterState::parse(&read(&cluster)?).map_err(|e| e.to_string())?),
+        false => None,
+    };
+    let known = cluster.as_ref().map(|state| Known {
+        state,
+        complete: true,
+    });
+    let input = ["input.yaml", "input.json"]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("{}: no input.yaml or input.json", dir.display()))?;
+    let objects = workload::parse_objects(&read(&input)?).map_err(|e| e.to_string())?;
+    let [object] = <[_; 1]>::try_from(objects).map_err(|_| "one object per input".to_owned())?;
 
-fn data(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(p)
+    let preview = workload::preview(&cfg, known, &object, None).map_err(|e| e.to_string())?;
+    let d = &preview.decision;
+    let summary = json!({
+        "allowed": d.allowed(),
+        "code": d.denial().map(|denial| denial.code()),
+        "message": d.denial().map(|denial| denial.message.clone()),
+        "warnings": d.warnings(),
+        "patch": d.patch().map_or(json!([]), |p| serde_json::to_value(p).unwrap()),
+    });
+    check_golden(&dir.join("decision.json"), &summary)?;
+    if !d.allowed() {
+        return Ok(());
+    }
+    check_golden(&dir.join("output.json"), &preview.mutated)?;
+    deserializes_as_its_kind(&preview.mutated)?;
+
+    let again = workload::preview(&cfg, known, &preview.mutated, None).map_err(|e| e.to_string())?;
+    match again.decision.patch() {
+        _ if !again.decision.allowed() => Err(format!("second pass denied: {:?}", again.decision)),
+        Some(p) => Err(format!("second pass is not idempotent: {p:?}")),
+        None => Ok(()),
+    }
 }
 
-fn golden(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(p)
-}
-
-fn check_golden(path: &Path, actual: &Value) {
+fn check_golden(path: &Path, actual: &Value) -> Result<(), String> {
     let text = serde_json::to_string_pretty(actual).unwrap() + "\n";
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, &text).unwrap();
-        return;
+        return Ok(());
     }
-    let expected = std::fs::read_to_string(path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+    let expected = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()))?;
+    let expected: Value = serde_json::from_str(&expected).map_err(|e| format!("{}: {e}", path.display()))?;
+    if expected != *actual {
+        return Err(format!(
+            "{} differs from the engine's output:\n{text}",
             path.display()
-        )
-    });
-    assert_eq!(
-        serde_json::from_str::<Value>(&expected).unwrap(),
-        *actual,
-        "{} differs from the engine's output",
-        path.display()
-    );
+        ));
+    }
+    Ok(())
 }
 
 /// The typed k8s-openapi object for the kind must accept the result.
-fn deserializes_as_its_kind(v: &Value) {
+fn deserializes_as_its_kind(v: &Value) -> Result<(), String> {
     use k8s_openapi::api::{apps::v1 as apps, batch::v1 as batch, core::v1 as core};
-    let kind = v["kind"].as_str().unwrap();
+    let kind = v["kind"].as_str().unwrap_or_default();
     let r = match kind {
         "Pod" => serde_json::from_value::<core::Pod>(v.clone()).map(|_| ()),
         "Job" => serde_json::from_value::<batch::Job>(v.clone()).map(|_| ()),
@@ -189,65 +125,8 @@ fn deserializes_as_its_kind(v: &Value) {
         "StatefulSet" => serde_json::from_value::<apps::StatefulSet>(v.clone()).map(|_| ()),
         "DaemonSet" => serde_json::from_value::<apps::DaemonSet>(v.clone()).map(|_| ()),
         "ReplicaSet" => serde_json::from_value::<apps::ReplicaSet>(v.clone()).map(|_| ()),
-        other => panic!("unexpected kind {other}"),
+        other => return Err(format!("unexpected kind {other}")),
     };
-    r.unwrap_or_else(|e| panic!("{kind} does not deserialize: {e}"));
+    r.map_err(|e| format!("{kind} does not deserialize: {e}"))
 }
 
-#[test]
-fn golden_outputs_match_and_a_second_pass_changes_nothing() {
-    for case in CASES {
-        let cfg = if case.config.is_empty() {
-            Config::default()
-        } else {
-            Config::load(&data(case.config)).unwrap()
-        };
-        let cluster = (!case.cluster.is_empty()).then(|| {
-            ClusterState::parse(&std::fs::read_to_string(data(case.cluster)).unwrap()).unwrap()
-        });
-        let known = cluster.as_ref().map(|state| Known {
-            state,
-            complete: true,
-        });
-        let text = std::fs::read_to_string(data(&format!("inputs/{}", case.input))).unwrap();
-        let [object] = <[_; 1]>::try_from(workload::parse_objects(&text).unwrap())
-            .expect("one object per golden input");
-        let preview = workload::preview(&cfg, known, &object, None).unwrap();
-        let o = &preview.outcome;
-        let summary = json!({
-            "allowed": o.allowed(),
-            "code": o.denial.as_ref().map(|d| d.code()),
-            "message": o.denial.as_ref().map(|d| d.message.clone()),
-            "warnings": o.warnings,
-            "patch": o.patch,
-        });
-        check_golden(&golden(&format!("{}.json", case.name)), &summary);
-        if !o.allowed() {
-            assert!(
-                o.patch.is_empty(),
-                "{}: a denial carries no patch",
-                case.name
-            );
-            continue;
-        }
-        check_golden(
-            &golden(&format!("{}.out.json", case.name)),
-            &preview.mutated,
-        );
-        deserializes_as_its_kind(&preview.mutated);
-
-        let again = workload::preview(&cfg, known, &preview.mutated, None).unwrap();
-        assert!(
-            again.outcome.allowed(),
-            "{}: second pass denied: {:?}",
-            case.name,
-            again.outcome.denial
-        );
-        assert!(
-            again.outcome.patch.is_empty(),
-            "{}: second pass is not idempotent: {:?}",
-            case.name,
-            again.outcome.patch
-        );
-    }
-}

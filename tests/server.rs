@@ -349,7 +349,7 @@ async fn review(server: &Server, proto: Proto, request: &Value) -> Value {
 }
 
 fn nextflow_review(uid: &str) -> (Value, Value) {
-    let pod = common::read_input("nextflow-pod-mode.json");
+    let pod = common::read_input("nextflow-pod-mode");
     let req = common::review_for(&pod, "nf", uid);
     (pod, req)
 }
@@ -425,7 +425,7 @@ async fn denials_pass_through_and_dry_run() {
     let config = data("config.yaml");
     let server = Server::start(&["--config", config.to_str().unwrap()], None, dir());
 
-    let pod = common::read_input("policy-denied.yaml");
+    let pod = common::read_input("policy-denied");
     let request = common::review_for(&pod, "nf", "deny-1");
     let r = review(&server, Proto::H1, &request).await;
     assert_eq!(r["response"]["allowed"], false);
@@ -463,7 +463,7 @@ async fn denials_pass_through_and_dry_run() {
 
     // Not a pod CREATE: allowed, untouched.
     let mut update =
-        common::review_for(&common::read_input("nextflow-pod-mode.json"), "nf", "upd-1");
+        common::review_for(&common::read_input("nextflow-pod-mode"), "nf", "upd-1");
     update["request"]["operation"] = json!("UPDATE");
     update["request"]["oldObject"] = update["request"]["object"].clone();
     let r = review(&server, Proto::H2, &update).await;
@@ -907,9 +907,9 @@ async fn metrics_count_what_happened() {
         let (_, request) = nextflow_review(&format!("m-{i}"));
         review(&server, Proto::H1, &request).await;
     }
-    let denied = common::review_for(&common::read_input("conflict-volume.yaml"), "nf", "m-d");
+    let denied = common::review_for(&common::read_input("conflict-volume"), "nf", "m-d");
     review(&server, Proto::H2, &denied).await;
-    let plain = common::review_for(&common::read_input("no-request.yaml"), "default", "m-p");
+    let plain = common::review_for(&common::read_input("no-request"), "default", "m-p");
     review(&server, Proto::H1, &plain).await;
 
     assert_eq!(
@@ -1032,7 +1032,7 @@ async fn a_second_signal_exits_at_once() {
 async fn on_error_warn_admits_unchanged_with_a_warning_and_the_status_annotation() {
     let config = data("config-warn.yaml");
     let server = Server::start(&["--config", config.to_str().unwrap()], None, dir());
-    let pod = common::read_input("invalid-annotation.yaml");
+    let pod = common::read_input("invalid-annotation");
     let request = common::review_for(&pod, "nf", "warn-1");
     let r = review(&server, Proto::H1, &request).await;
     assert_eq!(r["response"]["allowed"], true);

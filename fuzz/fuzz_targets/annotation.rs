@@ -7,5 +7,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(value) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = value.parse::<evi::annotation::VolumeRequest>();
+    let _ = value.parse::<evi::volume::VolumeRequest>();
 });

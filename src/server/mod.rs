@@ -35,7 +35,8 @@ use self::{
 };
 use crate::{
     config::Config,
-    review::{self, Verdict},
+    decision::Decision,
+    review,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -738,53 +739,7 @@ async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request)
         });
     let response = match review::handle_in(&config, known, &body) {
         Ok(h) => {
-            let result = match &h.verdict {
-                Verdict::Unchanged => "unchanged",
-                Verdict::Mutated => "mutated",
-                Verdict::Denied(_) => "denied",
-                Verdict::AdmittedDespiteError(_) => "admitted-on-error",
-            };
-            m.requests.get_or_create(&ResultLabel { result }).inc();
-            for (_, kind) in &h.injected {
-                m.volumes
-                    .get_or_create(&KindLabel {
-                        kind: kind.as_str(),
-                    })
-                    .inc();
-            }
-            match &h.verdict {
-                Verdict::Denied(reason) => {
-                    m.denials
-                        .get_or_create(&ReasonLabel {
-                            reason: reason.as_str(),
-                        })
-                        .inc();
-                    tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                        reason = reason.as_str(), denial = h.message.as_deref().unwrap_or_default(), "denied");
-                }
-                Verdict::AdmittedDespiteError(reason) => {
-                    m.denials
-                        .get_or_create(&ReasonLabel {
-                            reason: "admitted-on-error",
-                        })
-                        .inc();
-                    tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                        reason = reason.as_str(), denial = h.message.as_deref().unwrap_or_default(),
-                        "admitted without volumes (onError: warn)");
-                }
-                Verdict::Mutated => {
-                    let volumes = h
-                        .injected
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>();
-                    tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                        volumes = %volumes.join(","), "mutated");
-                }
-                Verdict::Unchanged => {
-                    tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, "unchanged");
-                }
-            }
+            record(m, &h);
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "application/json")],
@@ -802,6 +757,48 @@ async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request)
     };
     m.duration.observe(start.elapsed().as_secs_f64());
     response
+}
+
+/// The decision in the metrics and the decision log.
+fn record(m: &Metrics, h: &review::Handled<'_>) {
+    let d = &h.decision;
+    m.requests
+        .get_or_create(&ResultLabel { result: d.label() })
+        .inc();
+    for (_, kind) in d.injected() {
+        m.volumes
+            .get_or_create(&KindLabel {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+    match d {
+        Decision::Denied(denial) => {
+            m.denials
+                .get_or_create(&ReasonLabel {
+                    reason: denial.reason.as_str(),
+                })
+                .inc();
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %denial.message, "denied");
+        }
+        Decision::AdmittedDespiteError { denial, .. } => {
+            m.denials
+                .get_or_create(&ReasonLabel { reason: d.label() })
+                .inc();
+            tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %denial.message,
+                "admitted without volumes (onError: warn)");
+        }
+        Decision::Mutated { injected, .. } => {
+            let volumes: Vec<&str> = injected.iter().map(|(n, _)| n.as_str()).collect();
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                volumes = %volumes.join(","), "mutated");
+        }
+        Decision::Unchanged { .. } => {
+            tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, "unchanged");
+        }
+    }
 }
 
 // === the admin port ===

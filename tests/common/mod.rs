@@ -55,10 +55,13 @@ pub fn apply_response(request: &Value, response: &Value, pod: &Value) -> Value {
     out
 }
 
-pub fn read_input(name: &str) -> Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/inputs")
-        .join(name);
-    let text = std::fs::read_to_string(&p).unwrap();
+/// The input object of a golden case (`tests/golden/<case>/input.yaml` or `input.json`).
+pub fn read_input(case: &str) -> Value {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(case);
+    let text = std::fs::read_to_string(dir.join("input.yaml"))
+        .or_else(|_| std::fs::read_to_string(dir.join("input.json")))
+        .unwrap_or_else(|e| panic!("{}: no input: {e}", dir.display()));
     yaml_serde::from_str(&text).unwrap()
 }

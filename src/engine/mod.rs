@@ -1,0 +1,169 @@
+//! The decision: from a pod's annotations, the matching rules and the configuration to one
+//! [`Decision`]. Pure: no I/O, no clock, no logging.
+//!
+//! Planning, then writing:
+//! - [`request`] collects what the pod asks for (its annotations, then the matching rules);
+//! - [`resolve`] turns each request into a volume to add: profile defaults, size, the
+//!   [`policy`] limits, the containers it [`targets`], the cluster checks;
+//! - [`plan`] sets the volumes against the pod ([`existing`] compares with what it has) and
+//!   decides every change and warning;
+//! - [`write`] turns the plan into a JSON Patch, knowing nothing of policy.
+
+mod existing;
+mod plan;
+mod policy;
+mod request;
+mod resolve;
+mod targets;
+mod write;
+
+use std::borrow::Cow;
+
+use crate::{
+    cluster::{ClusterState, Finding, Known, Mode as ClusterMode},
+    config::{Config, OnError},
+    decision::{Decision, Denial, DenyReason},
+    pod::PodView,
+    text,
+};
+
+use self::{plan::Plan, resolve::Volume};
+
+/// Where the pod is: the namespace its rules are matched in, and where it sits in the object
+/// the patch applies to.
+#[derive(Debug, Clone, Copy)]
+pub struct PodLocation<'a> {
+    /// The AdmissionRequest's namespace (the object's own is often empty).
+    pub namespace: &'a str,
+    /// JSON pointer to the pod in the patched object: `""` for a Pod, `/spec/template` for a
+    /// workload's pod template.
+    pub pointer: &'a str,
+}
+
+/// Decides for one pod. `cluster`: what is known of the cluster, for the cluster checks
+/// (`None`: nothing, no checks).
+pub fn decide(
+    cfg: &Config,
+    cluster: Option<Known<'_>>,
+    pod: &PodView,
+    at: PodLocation<'_>,
+) -> Decision {
+    // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
+    // objects not yet seen: warn until they are complete.
+    let checks = match (cfg.cluster_checks, cluster) {
+        (ClusterMode::Off, _) | (_, None) => None,
+        (ClusterMode::Enforce, Some(k)) if !k.complete => Some((k.state, ClusterMode::Warn)),
+        (mode, Some(k)) => Some((k.state, mode)),
+    };
+    match decide_or_refuse(cfg, checks, pod, at) {
+        Ok(decision) => decision,
+        Err(mut denial) => {
+            if let Cow::Owned(cut) = text::bounded(&denial.message, text::MESSAGE_LIMIT) {
+                denial.message = cut;
+            }
+            apply_on_error(cfg, pod, at, denial)
+        }
+    }
+}
+
+fn decide_or_refuse(
+    cfg: &Config,
+    checks: Option<(&ClusterState, ClusterMode)>,
+    pod: &PodView,
+    at: PodLocation<'_>,
+) -> Result<Decision, Denial> {
+    let requests = request::collect(cfg, pod, at.namespace)?;
+    if requests.is_empty() {
+        return Ok(Decision::Unchanged {
+            warnings: Vec::new(),
+        });
+    }
+    if pod.containers().is_empty() {
+        return Err(Denial::new(
+            DenyReason::Invalid,
+            "the pod has no containers to mount volumes in",
+        ));
+    }
+    let volumes = resolve::all(cfg, checks.map(|c| c.0), pod, requests)?;
+    let mode = checks.map_or(ClusterMode::Off, |c| c.1);
+    let unavailable = unavailable(mode, &volumes)?;
+
+    let mut plan = plan::plan(pod, &volumes, (&cfg.injected_key, &cfg.injected_token))?;
+    for v in &volumes {
+        if let Some(Finding::Suspect(m)) = &v.cluster {
+            plan.warnings.push(format!("volume {}: {m}", v.name));
+        }
+    }
+    // clusterChecks: warn: injected all the same; the warning and the status annotation say
+    // what the cluster lacks.
+    if !unavailable.is_empty() {
+        let value = unavailable.join("; ");
+        plan.warnings.extend(unavailable);
+        plan.annotate(
+            pod,
+            (&cfg.cluster_check_key, &cfg.cluster_check_token),
+            value,
+        );
+    }
+    let patch = write::write(at.pointer, &plan)?;
+    Ok(if patch.is_empty() {
+        Decision::Unchanged {
+            warnings: plan.warnings,
+        }
+    } else {
+        Decision::Mutated {
+            patch,
+            injected: plan.injected,
+            warnings: plan.warnings,
+        }
+    })
+}
+
+/// The volumes the cluster cannot provide: a denial under `clusterChecks: enforce`, else
+/// their messages (for `warn`).
+fn unavailable(mode: ClusterMode, volumes: &[Volume]) -> Result<Vec<String>, Denial> {
+    let unavailable: Vec<String> = volumes
+        .iter()
+        .filter_map(|v| match &v.cluster {
+            Some(Finding::Unavailable(m)) => Some(format!("{}: {m}", v.origin.describe(&v.name))),
+            _ => None,
+        })
+        .collect();
+    if mode == ClusterMode::Enforce && !unavailable.is_empty() {
+        return Err(Denial::new(DenyReason::Cluster, unavailable.join("; ")));
+    }
+    Ok(unavailable)
+}
+
+/// `onError`: refuse, or admit without the volumes, with a warning and the status annotation.
+fn apply_on_error(cfg: &Config, pod: &PodView, at: PodLocation<'_>, denial: Denial) -> Decision {
+    match cfg.on_error {
+        OnError::Deny => Decision::Denied(denial),
+        OnError::Warn => {
+            let mut plan = Plan::new(pod);
+            plan.annotate(
+                pod,
+                (&cfg.error_key, &cfg.error_token),
+                denial.message.clone(),
+            );
+            match write::write(at.pointer, &plan) {
+                Ok(patch) => Decision::AdmittedDespiteError {
+                    patch,
+                    warnings: vec![format!("volumes not injected: {}", denial.message)],
+                    denial,
+                },
+                // The status annotation could not be written: refuse rather than admit silently.
+                Err(_) => Decision::Denied(denial),
+            }
+        }
+    }
+}
+
+/// All errors of the worst kind at once, so a user fixes every annotation in one go.
+fn combine(errors: Vec<Denial>) -> Result<(), Denial> {
+    let Some(reason) = errors.iter().map(|d| d.reason).min() else {
+        return Ok(());
+    };
+    let messages: Vec<String> = errors.into_iter().map(|d| d.message).collect();
+    Err(Denial::new(reason, messages.join("; ")))
+}

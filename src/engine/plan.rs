@@ -1,0 +1,302 @@
+//! The plan: the volumes set against the pod. Every change (volumes, mounts and variables per
+//! container, annotations) and every warning is decided here, before anything is written.
+
+use std::collections::BTreeMap;
+
+use super::{existing, resolve::Volume};
+use crate::{
+    decision::{Denial, DenyReason},
+    patch,
+    pod::{ContainerView, PodView, QuantityText},
+    quantity::Quantity,
+    validate::normalize_path,
+    volume::{Medium, VolumeKind},
+};
+
+/// What to add to one array of the pod: `exists` says whether the array is there (append to
+/// it) or not (write it whole).
+#[derive(Debug)]
+pub(super) struct Additions<T> {
+    pub exists: bool,
+    pub items: Vec<T>,
+}
+
+/// The two container lists of a pod spec.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ContainerList {
+    Containers,
+    InitContainers,
+}
+
+impl ContainerList {
+    /// The list's field in the pod spec.
+    pub(super) fn field(self) -> &'static str {
+        match self {
+            ContainerList::Containers => "containers",
+            ContainerList::InitContainers => "initContainers",
+        }
+    }
+}
+
+/// The mounts and variables one container gets.
+#[derive(Debug)]
+pub(super) struct ContainerChanges {
+    pub list: ContainerList,
+    pub index: usize,
+    pub mounts: Additions<patch::VolumeMount>,
+    pub env: Additions<patch::EnvVar>,
+}
+
+/// How much of `metadata.annotations` the pod has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Metadata {
+    /// No `metadata` at all (a workload's pod template may have none).
+    Missing,
+    /// `metadata` without `annotations`.
+    NoAnnotations,
+    /// `metadata.annotations` is there.
+    Annotations,
+}
+
+/// One annotation to set: its key, the key as a JSON-pointer token, and the value.
+#[derive(Debug)]
+pub(super) struct Annotation {
+    pub key: String,
+    pub token: String,
+    pub value: String,
+}
+
+/// Everything to add to the pod, and what to tell the user.
+#[derive(Debug)]
+pub(super) struct Plan {
+    pub volumes: Additions<patch::Volume>,
+    /// Containers first, then init containers, each in the pod's order.
+    pub containers: Vec<ContainerChanges>,
+    pub metadata: Metadata,
+    pub annotations: Vec<Annotation>,
+    /// The volumes added, with their kind.
+    pub injected: Vec<(String, VolumeKind)>,
+    pub warnings: Vec<String>,
+}
+
+impl Plan {
+    /// A plan that adds nothing (yet).
+    pub(super) fn new(pod: &PodView) -> Plan {
+        Plan {
+            volumes: Additions {
+                exists: pod.spec.as_ref().is_some_and(|s| s.volumes.is_some()),
+                items: Vec::new(),
+            },
+            containers: Vec::new(),
+            metadata: match pod.metadata.as_ref().map(|m| m.annotations.is_some()) {
+                None => Metadata::Missing,
+                Some(false) => Metadata::NoAnnotations,
+                Some(true) => Metadata::Annotations,
+            },
+            annotations: Vec::new(),
+            injected: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Sets an annotation, unless the pod already has it with this value. `key` is the key
+    /// and its JSON-pointer token.
+    pub(super) fn annotate(&mut self, pod: &PodView, (key, token): (&str, &str), value: String) {
+        let current = pod.annotations().and_then(|a| a.get(key)).map(|v| &**v);
+        if current != Some(value.as_str()) {
+            self.annotations.push(Annotation {
+                key: key.to_owned(),
+                token: token.to_owned(),
+                value,
+            });
+        }
+    }
+}
+
+/// The plan for these volumes on this pod: new volumes (identical ones already there count as
+/// done, different ones are conflicts), mounts and variables per container (a path taken by
+/// another volume is a conflict, a variable already set is left alone), the record annotation
+/// (every volume the webhook manages on this pod) and the warnings.
+pub(super) fn plan(
+    pod: &PodView,
+    volumes: &[Volume],
+    record: (&str, &str),
+) -> Result<Plan, Denial> {
+    let mut plan = Plan::new(pod);
+    for v in volumes {
+        add_volume(&mut plan, pod, v)?;
+    }
+    let lists = [
+        (ContainerList::Containers, pod.containers()),
+        (ContainerList::InitContainers, pod.init_containers()),
+    ];
+    for (list, containers) in lists {
+        for (index, c) in containers.iter().enumerate() {
+            let targets = |v: &Volume| match list {
+                ContainerList::Containers => v.containers.contains(index),
+                ContainerList::InitContainers => v.init_containers.contains(index),
+            };
+            let mut changes = ContainerChanges {
+                list,
+                index,
+                mounts: Additions {
+                    exists: c.volume_mounts.is_some(),
+                    items: Vec::new(),
+                },
+                env: Additions {
+                    exists: c.env.is_some(),
+                    items: Vec::new(),
+                },
+            };
+            for v in volumes.iter().filter(|v| targets(v)) {
+                mount(&mut changes, &mut plan.warnings, c, v)?;
+                set_env(&mut changes, &mut plan.warnings, c, v);
+            }
+            if !(changes.mounts.items.is_empty() && changes.env.items.is_empty()) {
+                plan.containers.push(changes);
+            }
+        }
+    }
+    let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    plan.annotate(pod, record, names.join(","));
+    Ok(plan)
+}
+
+fn conflict(message: String) -> Denial {
+    Denial::new(DenyReason::Conflict, message)
+}
+
+/// A new volume, or one the pod already has identically (nothing to add).
+fn add_volume(plan: &mut Plan, pod: &PodView, v: &Volume) -> Result<(), Denial> {
+    let volume = patch::Volume {
+        name: v.name.clone(),
+        kind: v.kind,
+        source: v.source.clone(),
+    };
+    if let Some(raw) = pod.volume_named(&v.name) {
+        let existing: serde_json::Value =
+            serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
+        let desired = serde_json::to_value(&volume).unwrap_or(serde_json::Value::Null);
+        return existing::same_volume(&desired, &existing).map_err(|differs| {
+            conflict(format!(
+                "volume {:?} ({}): the pod already has a volume with this name, {differs}; \
+                 rename one of them",
+                v.name,
+                v.origin.describe(&v.name)
+            ))
+        });
+    }
+    if let Some(size) = v.size.filter(|s| s.is_implausible_size()) {
+        plan.warnings.push(format!(
+            "volume {}: size {size} is less than a kibibyte or a fraction of a byte; \
+             did you mean Mi, Gi or M, G?",
+            v.name
+        ));
+    }
+    if v.medium == Medium::Memory && v.size.is_none() {
+        plan.warnings.push(format!(
+            "volume {}: a Memory emptyDir without a size can use all of the pod's memory; set size",
+            v.name
+        ));
+    }
+    plan.injected.push((v.name.clone(), v.kind));
+    plan.volumes.items.push(volume);
+    Ok(())
+}
+
+/// The mount in one container, unless it is there already; another volume at the same path
+/// is a conflict. Paths are compared in one spelling (`/scratch/` is `/scratch`).
+fn mount(
+    changes: &mut ContainerChanges,
+    warnings: &mut Vec<String>,
+    c: &ContainerView,
+    v: &Volume,
+) -> Result<(), Denial> {
+    let want = normalize_path(&v.mount_path);
+    let existing = c.volume_mounts.iter().flatten().map(|m| (&*m.mount_path, &*m.name));
+    let added = changes
+        .mounts
+        .items
+        .iter()
+        .map(|m| (m.mount_path.as_str(), m.name.as_str()));
+    let taken = existing
+        .chain(added)
+        .find(|(path, _)| normalize_path(path) == want);
+    match taken {
+        Some((_, name)) if name == v.name => Ok(()),
+        Some((_, other)) => Err(conflict(format!(
+            "volume {:?}: container {:?} already mounts volume {other:?} at {}",
+            v.name, c.name, v.mount_path
+        ))),
+        None => {
+            changes.mounts.items.push(patch::VolumeMount {
+                mount_path: v.mount_path.clone(),
+                name: v.name.clone(),
+                read_only: v.read_only,
+                sub_path: v.sub_path.clone(),
+            });
+            warn_mount(warnings, c, v);
+            Ok(())
+        }
+    }
+}
+
+/// The variables set to the mount path; one the container (or another volume) sets already
+/// is left alone, with a warning unless it has this value.
+fn set_env(changes: &mut ContainerChanges, warnings: &mut Vec<String>, c: &ContainerView, v: &Volume) {
+    for var in &v.env {
+        match c.env.iter().flatten().find(|e| *e.name == **var) {
+            Some(e) if e.value.as_deref() == Some(v.mount_path.as_str()) => {}
+            Some(_) => warnings.push(format!(
+                "volume {}: container {} already sets {var}; left alone",
+                v.name, c.name
+            )),
+            None if changes.env.items.iter().any(|e| e.name == *var) => warnings.push(format!(
+                "volume {}: {var} is set by another volume in container {}; left alone",
+                v.name, c.name
+            )),
+            None => changes.env.items.push(patch::EnvVar {
+                name: var.clone(),
+                value: v.mount_path.clone(),
+            }),
+        }
+    }
+}
+
+/// An emptyDir that can outgrow what the container is given.
+fn warn_mount(warnings: &mut Vec<String>, c: &ContainerView, v: &Volume) {
+    if v.kind != VolumeKind::EmptyDir {
+        return;
+    }
+    let resources = c.resources.as_ref();
+    let limits = resources.and_then(|r| r.limits.as_ref());
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    let quantity = |q: Option<&QuantityText<'_>>| q.and_then(|q| q.parse::<Quantity>().ok());
+    if v.medium == Medium::Memory {
+        if let (Some(size), Some(limit)) =
+            (v.size, quantity(limits.and_then(|l| l.memory.as_ref())))
+            && size > limit
+        {
+            warnings.push(format!(
+                "volume {}: Memory emptyDir size {size} exceeds the memory limit {limit} of container {}",
+                v.name, c.name
+            ));
+        }
+    } else if v.medium == Medium::Disk
+        && v.size.is_none()
+        && quantity(requests.and_then(|r| r.ephemeral_storage.as_ref())).is_none()
+    {
+        warnings.push(format!(
+            "volume {}: emptyDir without a size on container {}, which has no ephemeral-storage request; it can fill the node's disk",
+            v.name, c.name
+        ));
+    }
+}
+
+/// The annotations as one object, for a pod that has no `metadata.annotations`.
+pub(super) fn annotation_map(annotations: &[Annotation]) -> BTreeMap<&str, &str> {
+    annotations
+        .iter()
+        .map(|a| (a.key.as_str(), a.value.as_str()))
+        .collect()
+}

@@ -1,0 +1,101 @@
+//! What a pod asks for: its annotations (checked against policy), then the volumes of every
+//! rule that matches it (trusted: the admin wrote them).
+
+use super::combine;
+use crate::{
+    config::Config,
+    decision::{Denial, DenyReason},
+    pod::PodView,
+    text, validate,
+    volume::VolumeRequest,
+};
+
+/// Where a request came from, for messages and for policy.
+#[derive(Debug, Clone)]
+pub(super) enum Origin {
+    /// An annotation, by key: held to the policy.
+    Annotation(String),
+    /// A rule, by name: trusted.
+    Rule(String),
+}
+
+impl Origin {
+    /// How messages name the request.
+    pub(super) fn describe(&self, volume: &str) -> String {
+        match self {
+            Origin::Annotation(key) => format!("annotation {key}"),
+            Origin::Rule(rule) => format!("rule {rule}, volume {volume}"),
+        }
+    }
+
+    pub(super) fn is_annotation(&self) -> bool {
+        matches!(self, Origin::Annotation(_))
+    }
+}
+
+/// One volume asked for.
+pub(super) struct Request {
+    /// The volume's name.
+    pub name: String,
+    pub origin: Origin,
+    pub request: VolumeRequest,
+}
+
+/// Every volume the pod asks for, by name; an annotation wins over a rule for the same name,
+/// and the first matching rule over later ones. Every annotation error at once.
+pub(super) fn collect(
+    cfg: &Config,
+    pod: &PodView,
+    namespace: &str,
+) -> Result<Vec<Request>, Denial> {
+    let mut requests = Vec::new();
+    let mut errors = Vec::new();
+    for (key, value) in pod.annotations().into_iter().flatten() {
+        let Some(name) = key
+            .strip_prefix(cfg.prefix.as_str())
+            .and_then(|r| r.strip_prefix('/'))
+        else {
+            continue;
+        };
+        let parsed = validate::dns_label("volume name", name)
+            .and_then(|()| value.parse::<VolumeRequest>());
+        match parsed {
+            Ok(request) => requests.push(Request {
+                name: name.to_owned(),
+                origin: Origin::Annotation(key.to_string()),
+                request,
+            }),
+            Err(e) => errors.push(Denial::new(
+                DenyReason::Invalid,
+                format!(
+                    "annotation {key}: {}",
+                    text::bounded(&e.0, text::ECHO_LIMIT)
+                ),
+            )),
+        }
+    }
+    combine(errors)?;
+    // Labels are decoded only once a rule's namespaces match.
+    let mut labels = None;
+    for rule in cfg.rules.iter().filter(|r| r.in_namespace(namespace)) {
+        if labels.is_none() {
+            labels = Some(pod.labels().map_err(|e| {
+                Denial::new(DenyReason::Invalid, format!("metadata.labels: {e}"))
+            })?);
+        }
+        if !labels.as_ref().is_some_and(|l| rule.selects(l)) {
+            continue;
+        }
+        for (name, request) in &rule.volumes {
+            if !requests.iter().any(|r| r.name == *name) {
+                requests.push(Request {
+                    name: name.clone(),
+                    origin: Origin::Rule(rule.name.clone()),
+                    request: request.clone(),
+                });
+            }
+        }
+    }
+    requests.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(requests)
+}

@@ -1,0 +1,274 @@
+//! One request → one volume to add: the profile's defaults under the request's overrides, the
+//! size (given, taken from the pod, or the policy's default), the policy limits, the containers
+//! it goes to, and what the cluster checks say of it.
+
+use serde_json::value::RawValue;
+
+use super::{
+    combine, policy,
+    request::{Origin, Request},
+    targets::{self, Targets},
+};
+use crate::{
+    cluster::{self, ClusterState, Finding},
+    config::Config,
+    decision::{Denial, DenyReason},
+    pod::PodView,
+    quantity::Quantity,
+    volume::{Medium, Profile, Requested, Source, VolumeKind, VolumeRequest},
+};
+
+/// A volume to add to the pod, with everything the plan needs.
+pub(super) struct Volume {
+    pub name: String,
+    pub origin: Origin,
+    pub kind: VolumeKind,
+    /// The source object as the patch carries it.
+    pub source: Box<RawValue>,
+    pub size: Option<Quantity>,
+    pub medium: Medium,
+    pub mount_path: String,
+    pub read_only: Option<bool>,
+    pub sub_path: Option<String>,
+    pub env: Vec<String>,
+    pub containers: Targets,
+    pub init_containers: Targets,
+    /// What the cluster checks found, if anything.
+    pub cluster: Option<Finding>,
+}
+
+/// Every request resolved: all errors of the worst kind at once, and the count held to
+/// `maxVolumesPerPod`.
+pub(super) fn all(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    pod: &PodView,
+    requests: Vec<Request>,
+) -> Result<Vec<Volume>, Denial> {
+    let count = requests.len();
+    let mut volumes = Vec::with_capacity(count);
+    let mut errors = Vec::new();
+    for request in requests {
+        match resolve(cfg, cluster, pod, request) {
+            Ok(v) => volumes.push(v),
+            Err(d) => errors.push(d),
+        }
+    }
+    if let Err(m) = policy::volume_count(&cfg.policy, count) {
+        errors.push(Denial::new(DenyReason::Policy, m));
+    }
+    combine(errors)?;
+    Ok(volumes)
+}
+
+fn resolve(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    pod: &PodView,
+    Request {
+        name,
+        origin,
+        request,
+    }: Request,
+) -> Result<Volume, Denial> {
+    let at = origin.describe(&name);
+    let invalid = |m: String| Denial::new(DenyReason::Invalid, format!("{at}: {m}"));
+    let forbidden = |m: String| Denial::new(DenyReason::Policy, format!("{at}: {m}"));
+    let checked = origin.is_annotation();
+    let VolumeRequest {
+        source,
+        size,
+        size_from_request,
+        mount,
+    } = request;
+
+    let base = match source {
+        Requested::Profile(p) => {
+            let profile = profile(cfg, &p).map_err(invalid)?;
+            Base::Profile(p, profile)
+        }
+        Requested::Inline(source) => {
+            if checked {
+                policy::inline_allowed(&cfg.policy).map_err(forbidden)?;
+            }
+            Base::Inline(source)
+        }
+    };
+    let mount = match &base {
+        Base::Profile(_, p) => mount.or(&p.mount),
+        Base::Inline(_) => mount,
+    };
+    let Some(mount_path) = mount.mount_path else {
+        return Err(invalid(match &base {
+            Base::Profile(p, _) => format!("mountPath is required: profile {p:?} does not set one"),
+            Base::Inline(_) => "mountPath is required".into(),
+        }));
+    };
+    let (containers, init_containers) = targets::find(
+        pod,
+        mount.containers.as_deref(),
+        mount.init_containers.as_ref(),
+        &at,
+    )?;
+
+    // size=request: from the pod's own requests, unless a size is given here; a profile's
+    // default `size: request` gives way to an explicit size.
+    let from_request = size_from_request
+        || (size.is_none() && matches!(base, Base::Profile(_, p) if p.size_from_request));
+    let size = match from_request {
+        true => Some(targets::requested_size(pod, &containers, &init_containers).map_err(invalid)?),
+        false => size,
+    };
+
+    let built = |source: Source, checks: Checks| {
+        sized(cfg, cluster, source, size.as_deref(), checks)
+            .map_err(|(reason, m)| Denial::new(reason, format!("{at}: {m}")))
+    };
+    let sized = match base {
+        // A profile used as is: its bytes were written when the configuration was loaded.
+        Base::Profile(_, p)
+            if size.is_none() && policy::default_size(&cfg.policy, &p.source).is_none() =>
+        {
+            Sized {
+                kind: p.compiled.kind,
+                json: p.compiled.json.clone(),
+                size: p.compiled.size,
+                medium: p.compiled.medium,
+                finding: cluster.and_then(|c| check(c, &p.source)),
+            }
+        }
+        // A profile's size may be overridden, within policy; its source is trusted.
+        Base::Profile(_, p) => built(
+            p.source.clone(),
+            Checks {
+                allowlists: false,
+                max_size: (checked && size.is_some()) || from_request,
+            },
+        )?,
+        Base::Inline(source) => built(
+            source,
+            Checks {
+                allowlists: checked,
+                max_size: checked || from_request,
+            },
+        )?,
+    };
+
+    if sized.medium == Medium::Memory && pod.is_windows() {
+        return Err(Denial::new(
+            DenyReason::Conflict,
+            format!(
+                "{at}: a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); \
+                 use a disk emptyDir"
+            ),
+        ));
+    }
+
+    Ok(Volume {
+        name,
+        origin,
+        kind: sized.kind,
+        source: sized.json,
+        size: sized.size,
+        medium: sized.medium,
+        mount_path,
+        read_only: mount.read_only,
+        sub_path: mount.sub_path,
+        env: mount.env.unwrap_or_default(),
+        containers,
+        init_containers,
+        cluster: sized.finding,
+    })
+}
+
+/// A profile of the configuration, or an error listing those there are.
+fn profile<'c>(cfg: &'c Config, name: &str) -> Result<&'c Profile, String> {
+    cfg.profiles.get(name).ok_or_else(|| {
+        let known: Vec<&str> = cfg.profiles.keys().map(String::as_str).collect();
+        format!(
+            "profile {name:?} is not defined (defined: {})",
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
+        )
+    })
+}
+
+/// What a volume is built from: a profile (by name) or the request's own source.
+enum Base<'c> {
+    Profile(String, &'c Profile),
+    Inline(Source),
+}
+
+/// The source with its size, as the patch will carry it.
+struct Sized {
+    kind: VolumeKind,
+    json: Box<RawValue>,
+    size: Option<Quantity>,
+    medium: Medium,
+    finding: Option<Finding>,
+}
+
+/// Which policy checks a source built for this pod goes through.
+struct Checks {
+    /// `types`, `csiDrivers`, `storageClasses`: for a source an annotation gave inline.
+    allowlists: bool,
+    /// `maxSize`: for a size an annotation chose, or one taken from the pod's own requests
+    /// (whatever asked for it: the pod's word).
+    max_size: bool,
+}
+
+/// A source built for this pod: the size set, the policy checked, the default size added.
+fn sized(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    source: Source,
+    size: Option<&str>,
+    checks: Checks,
+) -> Result<Sized, (DenyReason, String)> {
+    let invalid = |e: crate::validate::Invalid| (DenyReason::Invalid, e.0);
+    let forbidden = |m: String| (DenyReason::Policy, m);
+    let policy = &cfg.policy;
+    let kind = source.kind();
+    let mut source = match size {
+        Some(size) => source.with_size(size).map_err(invalid)?,
+        None => source,
+    };
+    let medium = source.medium();
+    let mut size = source.size().map_err(invalid)?;
+    if checks.allowlists {
+        policy::kind_allowed(policy, kind).map_err(forbidden)?;
+        policy::allowlists(policy, &source).map_err(forbidden)?;
+    }
+    if checks.max_size {
+        policy::max_size(policy, kind, medium, size).map_err(forbidden)?;
+    }
+    if let Some((text, quantity)) = policy::default_size(policy, &source) {
+        source = source.with_size(text).map_err(invalid)?;
+        size = Some(quantity);
+    }
+    let json = source.to_json().map_err(|e| {
+        (
+            DenyReason::Invalid,
+            format!("the volume could not be written: {e}"),
+        )
+    })?;
+    Ok(Sized {
+        kind,
+        json,
+        size,
+        medium,
+        finding: cluster.and_then(|c| check(c, &source)),
+    })
+}
+
+/// The cluster check of one source: its CSI driver or its storage class.
+fn check(cluster: &ClusterState, source: &Source) -> Option<Finding> {
+    match source.kind() {
+        VolumeKind::Csi => cluster::check_csi(cluster, source.csi_driver()?),
+        VolumeKind::Ephemeral => cluster::check_storage_class(cluster, source.storage_class()),
+        VolumeKind::EmptyDir => None,
+    }
+}

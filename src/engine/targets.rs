@@ -1,0 +1,113 @@
+//! Which containers get a volume's mount, and `size=request` (a size read from them).
+
+use crate::{
+    decision::{Denial, DenyReason},
+    pod::{ContainerView, PodView},
+    quantity::Quantity,
+    volume::InitTargets,
+};
+
+/// Which entries of one container list get the mount.
+#[derive(Debug, Clone)]
+pub(super) enum Targets {
+    All,
+    /// These, by position in the list.
+    Listed(Vec<usize>),
+}
+
+impl Targets {
+    pub(super) fn contains(&self, i: usize) -> bool {
+        match self {
+            Targets::All => true,
+            Targets::Listed(l) => l.contains(&i),
+        }
+    }
+}
+
+/// The containers and init containers named by a request, each of which must be in the pod.
+/// `at` names the request in messages.
+pub(super) fn find(
+    pod: &PodView,
+    containers: Option<&[String]>,
+    init: Option<&InitTargets>,
+    at: &str,
+) -> Result<(Targets, Targets), Denial> {
+    let positions = |list: &[ContainerView], names: &[String], what: &str| {
+        names
+            .iter()
+            .map(|n| {
+                list.iter().position(|c| *c.name == **n).ok_or_else(|| {
+                    let present: Vec<&str> = list.iter().map(|c| &*c.name).collect();
+                    Denial::new(
+                        DenyReason::Conflict,
+                        format!(
+                            "{at}: {what} {n:?} is not in the pod ({what}s: {})",
+                            present.join(", ")
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<usize>, Denial>>()
+    };
+    let containers = match containers {
+        Some(names) => Targets::Listed(positions(pod.containers(), names, "container")?),
+        None => Targets::All,
+    };
+    let init_containers = match init {
+        None | Some(InitTargets::None) => Targets::Listed(Vec::new()),
+        Some(InitTargets::All) => Targets::All,
+        Some(InitTargets::Named(names)) => {
+            Targets::Listed(positions(pod.init_containers(), names, "init container")?)
+        }
+    };
+    Ok((containers, init_containers))
+}
+
+/// `size=request`: the largest `ephemeral-storage` request of the targeted containers (what
+/// Nextflow's `disk` directive sets). None of them having one is an error naming them.
+pub(super) fn requested_size(
+    pod: &PodView,
+    containers: &Targets,
+    init_containers: &Targets,
+) -> Result<String, String> {
+    let targeted: Vec<&ContainerView> = targeted(pod.containers(), containers)
+        .chain(targeted(pod.init_containers(), init_containers))
+        .collect();
+    let mut largest: Option<Quantity> = None;
+    for c in &targeted {
+        let request = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.ephemeral_storage.as_ref());
+        if let Some(q) = request {
+            let q = q
+                .parse::<Quantity>()
+                .map_err(|e| format!("size=request: container {}: {e}", c.name))?;
+            largest = largest.max(Some(q));
+        }
+    }
+    match largest {
+        Some(q) if !q.is_zero() => Ok(q.to_string()),
+        _ => Err(format!(
+            "size=request, but {} (set one, e.g. with Nextflow's disk directive, or give a size)",
+            match targeted.as_slice() {
+                [one] => format!("container {} has no ephemeral-storage request", one.name),
+                many => format!(
+                    "none of the containers {} has an ephemeral-storage request",
+                    many.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        )),
+    }
+}
+
+fn targeted<'l, 'p>(
+    list: &'l [ContainerView<'p>],
+    targets: &'l Targets,
+) -> impl Iterator<Item = &'l ContainerView<'p>> {
+    list.iter()
+        .enumerate()
+        .filter(|(i, _)| targets.contains(*i))
+        .map(|(_, c)| c)
+}

@@ -1,0 +1,330 @@
+//! Validation shared by annotations, profiles and rules: what Kubernetes would refuse later
+//! (names, paths, quantities, label keys), checked here so that the user hears it from us, with
+//! the annotation or configuration key that carries it.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::quantity::Quantity;
+
+/// Why a value was refused. The message names the field; the caller adds where the value came
+/// from (the annotation key, or the place in the configuration file).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+/// `Err(Invalid(msg))`.
+pub fn bad<T>(msg: impl Into<String>) -> Result<T, Invalid> {
+    Err(Invalid(msg.into()))
+}
+
+/// Parses JSON refusing a repeated key anywhere (serde_json keeps the last one silently, which
+/// would make the JSON form laxer than key=value, where a repeated field is an error).
+pub fn parse_json_strict(text: &str) -> Result<Value, Invalid> {
+    let checked: Result<NoDuplicates, _> = serde_json::from_str(text);
+    if let Err(e) = checked {
+        if e.is_data() {
+            // Our own error: a repeated key, whose message names the field.
+            let message = e.to_string();
+            let message = message.split(" at line ").next().unwrap_or(&message);
+            return bad(message.to_owned());
+        }
+        return bad(format!("invalid JSON: {e}"));
+    }
+    serde_json::from_str(text).map_err(|e| Invalid(format!("invalid JSON: {e}")))
+}
+
+/// Walks a JSON document and fails on the first object with a repeated key, naming its path.
+pub struct NoDuplicates;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicates {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(DupVisitor {
+            path: String::new(),
+        })
+    }
+}
+
+struct DupVisitor {
+    path: String,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor {
+    type Value = NoDuplicates;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DupVisitor {
+    type Value = NoDuplicates;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let path = if self.path.is_empty() {
+                key.to_string()
+            } else {
+                format!("{}.{key}", self.path)
+            };
+            if !seen.insert(key.into_owned()) {
+                return Err(serde::de::Error::custom(format!(
+                    "field {path} is given twice"
+                )));
+            }
+            map.next_value_seed(DupVisitor { path })?;
+        }
+        Ok(NoDuplicates)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(DupVisitor {
+                path: format!("{}[{i}]", self.path),
+            })?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(NoDuplicates)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(NoDuplicates)
+    }
+}
+
+/// Deserializes a Kubernetes type and refuses any field the type does not know: k8s-openapi
+/// ignores unknown fields, which would turn `sizeLimt` into a silently unlimited volume.
+pub fn from_json_strict<T>(field: &str, json: &Value) -> Result<T, Invalid>
+where
+    T: DeserializeOwned + serde::Serialize,
+{
+    let typed: T =
+        serde_json::from_value(json.clone()).map_err(|e| Invalid(format!("{field}: {e}")))?;
+    let back = serde_json::to_value(&typed).map_err(|e| Invalid(format!("{field}: {e}")))?;
+    let mut unknown = Vec::new();
+    unknown_fields(json, &back, field, &mut unknown);
+    match unknown.first() {
+        Some(path) => bad(format!("unknown field {path}")),
+        None => Ok(typed),
+    }
+}
+
+fn unknown_fields(input: &Value, known: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, known) {
+        (Value::Object(i), Value::Object(k)) => {
+            for (key, v) in i {
+                let here = format!("{path}.{key}");
+                match k.get(key) {
+                    Some(kv) => unknown_fields(v, kv, &here, out),
+                    None if v.is_null() => {}
+                    None => out.push(here),
+                }
+            }
+        }
+        (Value::Array(i), Value::Array(k)) => {
+            for (n, (iv, kv)) in i.iter().zip(k).enumerate() {
+                unknown_fields(iv, kv, &format!("{path}[{n}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A size to give a volume: a valid quantity above zero (a zero `sizeLimit` is no limit at
+/// all to the kubelet, and the API server refuses a zero PVC request).
+pub fn parse_size(field: &str, s: &str) -> Result<Quantity, Invalid> {
+    let q = s
+        .parse::<Quantity>()
+        .map_err(|e| Invalid(format!("{field}: {e}")))?;
+    if q.is_zero() {
+        return bad(format!(
+            "{field} {s:?} is zero, which is no limit at all; give a size above zero"
+        ));
+    }
+    Ok(q)
+}
+
+pub fn mount_path(p: &str) -> Result<(), Invalid> {
+    if !p.starts_with('/') {
+        return bad(format!("mountPath {p:?} must be an absolute path"));
+    }
+    if normalize_path(p) == "/" {
+        return bad(format!(
+            "mountPath {p:?} is the container's root; mount the volume below it"
+        ));
+    }
+    if has_dot_dot(p) {
+        return bad(format!("mountPath {p:?} must not contain '..'"));
+    }
+    if p.bytes().any(|b| b == 0 || b == b':') {
+        return bad(format!("mountPath {p:?} must not contain ':' or NUL"));
+    }
+    Ok(())
+}
+
+/// One spelling per path: `//` and `/./` collapsed, no trailing `/` (`/scratch//a/./` is
+/// `/scratch/a`). Mount paths are written and compared in this form.
+pub fn normalize_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for part in p.split('/').filter(|part| !part.is_empty() && *part != ".") {
+        out.push('/');
+        out.push_str(part);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+/// Whether a `..` path element occurs (a plain byte scan first: most paths have no `..`).
+fn has_dot_dot(p: &str) -> bool {
+    p.as_bytes().windows(2).any(|w| w == b"..") && p.split('/').any(|part| part == "..")
+}
+
+pub fn sub_path(p: &str) -> Result<(), Invalid> {
+    if p.starts_with('/') {
+        return bad(format!("subPath {p:?} must be a relative path"));
+    }
+    if has_dot_dot(p) {
+        return bad(format!("subPath {p:?} must not contain '..'"));
+    }
+    Ok(())
+}
+
+/// DNS-1123 label: what Kubernetes requires of volume and container names.
+pub fn dns_label(what: &str, s: &str) -> Result<(), Invalid> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        bad(format!(
+            "{what} {s:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)"
+        ))
+    }
+}
+
+pub fn dns_subdomain(what: &str, s: &str) -> Result<(), Invalid> {
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| dns_label(what, part).is_ok());
+    if ok {
+        Ok(())
+    } else {
+        bad(format!("{what} {s:?} is not a valid DNS-1123 subdomain"))
+    }
+}
+
+/// A PVC template may carry labels and annotations only (the API server refuses the rest of
+/// ObjectMeta there), each a valid Kubernetes key and label value.
+pub fn template_metadata(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<(), Invalid> {
+    let at = "ephemeral.volumeClaimTemplate.metadata";
+    let mut rest = serde_json::to_value(meta).map_err(|e| Invalid(format!("{at}: {e}")))?;
+    if let Value::Object(fields) = &mut rest {
+        fields.remove("labels");
+        fields.remove("annotations");
+        if let Some(field) = fields.keys().next() {
+            return bad(format!(
+                "{at}.{field} cannot be set for an ephemeral volume (only labels and annotations)"
+            ));
+        }
+    }
+    for (k, v) in meta.labels.iter().flatten() {
+        qualified_name(&format!("{at}.labels"), k)?;
+        let ok = v.is_empty()
+            || (v.len() <= 63
+                && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')));
+        if !ok {
+            return bad(format!("{at}.labels.{k}: {v:?} is not a valid label value"));
+        }
+    }
+    for k in meta.annotations.iter().flatten().map(|(k, _)| k) {
+        qualified_name(&format!("{at}.annotations"), k)?;
+    }
+    Ok(())
+}
+
+/// A label or annotation key: an optional DNS subdomain prefix and `/`, then a name of at most
+/// 63 alphanumerics, `-`, `_` and `.`, starting and ending alphanumeric.
+fn qualified_name(at: &str, key: &str) -> Result<(), Invalid> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !name_ok || prefix.is_some_and(|p| dns_subdomain("prefix", p).is_err()) {
+        return bad(format!("{at}: {key:?} is not a valid key"));
+    }
+    Ok(())
+}
+
+pub fn profile_name(s: &str) -> Result<(), Invalid> {
+    dns_subdomain("profile name", s)
+}
+
+pub fn env_name(s: &str) -> Result<(), Invalid> {
+    let mut bytes = s.bytes();
+    let ok = matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_' || b == b'-' || b == b'.')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        bad(format!(
+            "env name {s:?} is not a valid environment variable name"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_dot_is_refused_only_as_a_whole_path_element() {
+        assert!(mount_path("/data/a..b/..c").is_ok());
+        assert!(mount_path("/data/..").is_err());
+        assert!(mount_path("/../x").is_err());
+        assert!(sub_path("x/../y").is_err());
+        assert!(sub_path("..").is_err());
+        assert!(sub_path("a..").is_ok());
+    }
+}

@@ -1,0 +1,425 @@
+//! The domain: what a volume is, what a pod may ask for, and what a profile holds, with the
+//! methods the configuration and the engine share (kind, size, with a size, validation,
+//! compilation). Nothing here parses an annotation ([`crate::annotation`]) or decides for a pod
+//! ([`crate::engine`]).
+
+use std::{fmt, str::FromStr};
+
+use k8s_openapi::{
+    api::core::v1::{CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource},
+    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
+};
+use serde_json::value::RawValue;
+
+use crate::{
+    quantity::Quantity,
+    validate::{self, Invalid, bad},
+};
+
+/// The three volume kinds, spelled as the Pod API spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+pub enum VolumeKind {
+    /// `emptyDir`: a scratch directory on the node's disk, or a RAM disk.
+    #[serde(rename = "emptyDir")]
+    EmptyDir,
+    /// `csi`: a CSI inline volume (e.g. the Secrets Store driver).
+    #[serde(rename = "csi")]
+    Csi,
+    /// `ephemeral`: a generic ephemeral volume, a PVC made from a template for the pod's life.
+    #[serde(rename = "ephemeral")]
+    Ephemeral,
+}
+
+impl VolumeKind {
+    /// Every kind, in the order the messages list them.
+    pub const ALL: [VolumeKind; 3] = [VolumeKind::EmptyDir, VolumeKind::Csi, VolumeKind::Ephemeral];
+
+    /// The kind's name in the Pod API (the volume's field name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeKind::EmptyDir => "emptyDir",
+            VolumeKind::Csi => "csi",
+            VolumeKind::Ephemeral => "ephemeral",
+        }
+    }
+}
+
+impl fmt::Display for VolumeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for VolumeKind {
+    type Err = Invalid;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        VolumeKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                Invalid(format!(
+                    "type {s:?} is not one of emptyDir, csi, ephemeral (spelled as in the Pod API)"
+                ))
+            })
+    }
+}
+
+/// Where an emptyDir lives: what its size is checked against, and which warnings apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    /// The node's disk (no medium): capped by `maxSize.emptyDir`, defaulted by `defaultSizeLimit`.
+    Disk,
+    /// RAM (`Memory`): capped by `maxSize.memory`, counted against the memory limit.
+    Memory,
+    /// Pre-allocated huge pages (`HugePages`, `HugePages-<size>`): not disk, not ordinary memory;
+    /// sized by the pod's hugepages resources, so no disk cap, default or warning applies.
+    HugePages,
+    /// Not an emptyDir.
+    None,
+}
+
+/// A Kubernetes volume source: what goes under the volume's `emptyDir`, `csi` or `ephemeral`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// An emptyDir (disk or RAM).
+    EmptyDir(EmptyDirVolumeSource),
+    /// A CSI inline volume.
+    Csi(CSIVolumeSource),
+    /// A generic ephemeral volume (boxed: the PVC template is large).
+    Ephemeral(Box<EphemeralVolumeSource>),
+}
+
+impl Source {
+    /// The source's kind.
+    pub fn kind(&self) -> VolumeKind {
+        match self {
+            Source::EmptyDir(_) => VolumeKind::EmptyDir,
+            Source::Csi(_) => VolumeKind::Csi,
+            Source::Ephemeral(_) => VolumeKind::Ephemeral,
+        }
+    }
+
+    /// Where an emptyDir lives; [`Medium::None`] for the other kinds.
+    pub fn medium(&self) -> Medium {
+        match self {
+            Source::EmptyDir(e) => match e.medium.as_deref() {
+                Some("Memory") => Medium::Memory,
+                Some(m) if m.starts_with("HugePages") => Medium::HugePages,
+                _ => Medium::Disk,
+            },
+            _ => Medium::None,
+        }
+    }
+
+    /// The size asked for: an emptyDir's `sizeLimit` or the PVC template's `storage` request.
+    pub fn size(&self) -> Result<Option<Quantity>, Invalid> {
+        let parse = |q: &K8sQuantity| validate::parse_size("size", &q.0);
+        match self {
+            Source::EmptyDir(e) => e.size_limit.as_ref().map(parse).transpose(),
+            Source::Ephemeral(e) => e
+                .volume_claim_template
+                .as_ref()
+                .and_then(|t| t.spec.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .map(parse)
+                .transpose(),
+            Source::Csi(_) => Ok(None),
+        }
+    }
+
+    /// The same source with another size (`sizeLimit`, or the PVC's `storage` request).
+    pub fn with_size(mut self, size: &str) -> Result<Source, Invalid> {
+        match &mut self {
+            Source::EmptyDir(e) => e.size_limit = Some(K8sQuantity(size.to_owned())),
+            Source::Ephemeral(e) => {
+                let Some(t) = e.volume_claim_template.as_mut() else {
+                    return bad("ephemeral.volumeClaimTemplate is required");
+                };
+                t.spec
+                    .resources
+                    .get_or_insert_with(Default::default)
+                    .requests
+                    .get_or_insert_with(Default::default)
+                    .insert("storage".into(), K8sQuantity(size.to_owned()));
+            }
+            Source::Csi(_) => return bad("size does not apply to a CSI inline volume"),
+        }
+        Ok(self)
+    }
+
+    /// The CSI driver, for a CSI inline volume.
+    pub fn csi_driver(&self) -> Option<&str> {
+        match self {
+            Source::Csi(c) => Some(&c.driver),
+            _ => None,
+        }
+    }
+
+    /// The PVC template's storage class, for an ephemeral volume that names one.
+    pub fn storage_class(&self) -> Option<&str> {
+        match self {
+            Source::Ephemeral(e) => e
+                .volume_claim_template
+                .as_ref()
+                .and_then(|t| t.spec.storage_class_name.as_deref()),
+            _ => None,
+        }
+    }
+
+    /// The source object as JSON, written as k8s-openapi writes it.
+    pub fn to_json(&self) -> Result<Box<RawValue>, serde_json::Error> {
+        match self {
+            Source::EmptyDir(e) => serde_json::value::to_raw_value(e),
+            Source::Csi(c) => serde_json::value::to_raw_value(c),
+            Source::Ephemeral(e) => serde_json::value::to_raw_value(e),
+        }
+    }
+
+    /// The source as a patch carries it, with its size: computed once per load for profiles.
+    pub fn compile(&self) -> Result<CompiledSource, Invalid> {
+        Ok(CompiledSource {
+            kind: self.kind(),
+            json: self.to_json().map_err(|e| Invalid(e.to_string()))?,
+            size: self.size()?,
+            medium: self.medium(),
+        })
+    }
+
+    /// Checks what Kubernetes itself would reject later, so the user hears it from us with the key.
+    /// `sized_later`: the size comes from the pod (`size=request`), so a PVC may have none yet.
+    pub fn validate(&self, sized_later: bool) -> Result<(), Invalid> {
+        match self {
+            Source::EmptyDir(e) => {
+                if let Some(m) = &e.medium
+                    && !(m.is_empty()
+                        || m == "Memory"
+                        || m == "HugePages"
+                        || m.starts_with("HugePages-"))
+                {
+                    return bad(format!(
+                        "medium {m:?} is not one of \"\" (node disk), Memory, HugePages"
+                    ));
+                }
+                if let Some(q) = &e.size_limit {
+                    validate::parse_size("size", &q.0)?;
+                }
+                Ok(())
+            }
+            Source::Csi(c) => {
+                if c.driver.trim().is_empty() {
+                    return bad("csi.driver is empty");
+                }
+                if c.driver.len() > 63 {
+                    return bad(format!(
+                        "CSI driver {:?} is longer than 63 characters",
+                        c.driver
+                    ));
+                }
+                validate::dns_subdomain("CSI driver", &c.driver)?;
+                if let Some(r) = &c.node_publish_secret_ref {
+                    validate::dns_subdomain("csi.nodePublishSecretRef.name", &r.name)?;
+                }
+                Ok(())
+            }
+            Source::Ephemeral(e) => {
+                let Some(t) = &e.volume_claim_template else {
+                    return bad("ephemeral.volumeClaimTemplate is required");
+                };
+                let spec = &t.spec;
+                let modes = spec.access_modes.as_deref().unwrap_or_default();
+                if modes.is_empty() {
+                    return bad("ephemeral.volumeClaimTemplate.spec.accessModes is required");
+                }
+                if let Some(m) = modes.iter().find(|m| !ACCESS_MODES.contains(&m.as_str())) {
+                    return bad(format!(
+                        "accessMode {m:?} is not one of {}",
+                        ACCESS_MODES.join(", ")
+                    ));
+                }
+                if let Some(meta) = &t.metadata {
+                    validate::template_metadata(meta)?;
+                }
+                match spec.volume_mode.as_deref() {
+                    None | Some("Filesystem") => {}
+                    Some("Block") => {
+                        return bad(
+                            "volumeMode Block cannot be mounted at a mountPath; use Filesystem",
+                        );
+                    }
+                    Some(other) => {
+                        return bad(format!(
+                            "volumeMode {other:?} is not Filesystem (the only mode a mountPath can use)"
+                        ));
+                    }
+                }
+                if let Some(sc) = &spec.storage_class_name {
+                    validate::dns_subdomain("storageClass", sc)?;
+                }
+                let storage = spec
+                    .resources
+                    .as_ref()
+                    .and_then(|r| r.requests.as_ref())
+                    .and_then(|r| r.get("storage"));
+                match storage {
+                    Some(q) => validate::parse_size("size", &q.0).map(|_| ()),
+                    None if sized_later => Ok(()),
+                    None => {
+                        bad("ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A source serialised once, when the configuration is loaded: a pod that uses a profile as is
+/// gets these bytes in its patch.
+#[derive(Debug, Clone)]
+pub struct CompiledSource {
+    /// The source's kind.
+    pub kind: VolumeKind,
+    /// The source object: the value of the volume's `emptyDir`, `csi` or `ephemeral` field.
+    pub json: Box<RawValue>,
+    /// The size the source asks for, if any.
+    pub size: Option<Quantity>,
+    /// Where an emptyDir lives.
+    pub medium: Medium,
+}
+
+impl PartialEq for CompiledSource {
+    fn eq(&self, other: &Self) -> bool {
+        (self.kind, self.json.get(), self.size, self.medium)
+            == (other.kind, other.json.get(), other.size, other.medium)
+    }
+}
+
+/// Which init containers get the mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitTargets {
+    /// None of them (the default).
+    None,
+    /// Every init container, native sidecars included.
+    All,
+    /// These, by name.
+    Named(Vec<String>),
+}
+
+/// What a request says about the mount, apart from the source. A profile's are defaults that a
+/// request may override field by field.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Mount {
+    /// Where the volume is mounted (normalised: one spelling per path).
+    pub mount_path: Option<String>,
+    /// The mount's `readOnly`.
+    pub read_only: Option<bool>,
+    /// The mount's `subPath`.
+    pub sub_path: Option<String>,
+    /// The containers that get the mount; `None`: every entry of `spec.containers`.
+    pub containers: Option<Vec<String>>,
+    /// The init containers that get the mount; `None`: none.
+    pub init_containers: Option<InitTargets>,
+    /// Variables set to the mount path in the targeted containers.
+    pub env: Option<Vec<String>>,
+}
+
+impl Mount {
+    /// These fields, each falling back to the profile's when not given here.
+    pub fn or(self, defaults: &Mount) -> Mount {
+        Mount {
+            mount_path: self.mount_path.or_else(|| defaults.mount_path.clone()),
+            read_only: self.read_only.or(defaults.read_only),
+            sub_path: self.sub_path.or_else(|| defaults.sub_path.clone()),
+            containers: self.containers.or_else(|| defaults.containers.clone()),
+            init_containers: self
+                .init_containers
+                .or_else(|| defaults.init_containers.clone()),
+            env: self.env.or_else(|| defaults.env.clone()),
+        }
+    }
+}
+
+/// Where a requested volume comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Requested {
+    /// A profile of the configuration, by name.
+    Profile(String),
+    /// A source given in the request itself.
+    Inline(Source),
+}
+
+/// One requested volume, as written; a profile is resolved later against the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeRequest {
+    /// The profile or inline source.
+    pub source: Requested,
+    /// A size for a profile request (an inline size is folded into the source).
+    pub size: Option<String>,
+    /// `size=request`: the size is the targeted containers' largest `ephemeral-storage`
+    /// request, decided per pod; the source carries none.
+    pub size_from_request: bool,
+    /// Where and in which containers it is mounted.
+    pub mount: Mount,
+}
+
+impl VolumeRequest {
+    /// A request for a profile by name, with nothing overridden.
+    pub fn profile(name: &str) -> Self {
+        VolumeRequest {
+            source: Requested::Profile(name.to_owned()),
+            size: None,
+            size_from_request: false,
+            mount: Mount::default(),
+        }
+    }
+}
+
+/// A profile of the configuration: a source compiled once, and the defaults a request may
+/// override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// The source, for requests that change it (a size).
+    pub source: Source,
+    /// The source as loaded, for requests that use it as is.
+    pub compiled: CompiledSource,
+    /// `size: request` as the profile's default.
+    pub size_from_request: bool,
+    /// The mount defaults.
+    pub mount: Mount,
+}
+
+impl Profile {
+    /// A profile from its definition in the configuration, which must give a source.
+    pub fn compile(request: VolumeRequest) -> Result<Profile, Invalid> {
+        let Requested::Inline(source) = request.source else {
+            return bad("a profile cannot name another profile");
+        };
+        Ok(Profile {
+            compiled: source.compile()?,
+            source,
+            size_from_request: request.size_from_request,
+            mount: request.mount,
+        })
+    }
+}
+
+const ACCESS_MODES: [&str; 4] = [
+    "ReadWriteOnce",
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOncePod",
+];
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_kind_round_trips_through_its_name() {
+        for k in VolumeKind::ALL {
+            assert_eq!(k.as_str().parse::<VolumeKind>(), Ok(k));
+            assert_eq!(k.to_string(), k.as_str());
+        }
+    }
+}
