@@ -20,7 +20,6 @@ use crate::{
     volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest},
 };
 
-
 impl FromStr for VolumeRequest {
     type Err = Invalid;
 
@@ -73,7 +72,6 @@ impl VolumeRequest {
         raw.build()
     }
 }
-
 
 // === field dispatch ===
 
@@ -396,11 +394,7 @@ impl<'a> Raw<'a> {
         })
     }
 
-    fn shorthand_source(
-        &self,
-        kind: VolumeKind,
-        only: &OnlyCheck<'_>,
-    ) -> Result<Source, Invalid> {
+    fn shorthand_source(&self, kind: VolumeKind, only: &OnlyCheck<'_>) -> Result<Source, Invalid> {
         Ok(match kind {
             VolumeKind::EmptyDir => {
                 only(Fit::EmptyDir, &|| "type=emptyDir".to_owned())?;
@@ -464,7 +458,6 @@ impl<'a> Raw<'a> {
 }
 
 type OnlyCheck<'a> = dyn Fn(Fit, &dyn Fn() -> String) -> Result<(), Invalid> + 'a;
-
 
 #[cfg(test)]
 mod tests {
@@ -540,7 +533,9 @@ mod tests {
         let r = ok(
             "type=csi,driver=secrets-store.csi.k8s.io,attr.secretProviderClass=vault-db,mountPath=/mnt/secrets,readOnly=true",
         );
-        let Requested::Inline(Source::Csi(c)) = &r.source else { panic!() };
+        let Requested::Inline(Source::Csi(c)) = &r.source else {
+            panic!()
+        };
         assert_eq!(c.driver, "secrets-store.csi.k8s.io");
         assert_eq!(c.read_only, Some(true));
         assert_eq!(
@@ -555,9 +550,15 @@ mod tests {
         let r = ok(
             "type=emptyDir,mountPath=/tmp/x,containers=main;sidecar,initContainers=true,env=TMPDIR;NXF_SCRATCH",
         );
-        assert_eq!(r.mount.containers, Some(vec!["main".into(), "sidecar".into()]));
+        assert_eq!(
+            r.mount.containers,
+            Some(vec!["main".into(), "sidecar".into()])
+        );
         assert_eq!(r.mount.init_containers, Some(InitTargets::All));
-        assert_eq!(r.mount.env, Some(vec!["TMPDIR".into(), "NXF_SCRATCH".into()]));
+        assert_eq!(
+            r.mount.env,
+            Some(vec!["TMPDIR".into(), "NXF_SCRATCH".into()])
+        );
         let r = ok("type=emptyDir,mountPath=/x,initContainers=setup;fetch");
         assert_eq!(
             r.mount.init_containers,

@@ -199,9 +199,7 @@ fn render(output: Output, previews: &[workload::Preview]) -> Result<String, Stri
     match (output, previews) {
         (Output::Yaml, [one]) => yaml_serde::to_string(&one.mutated).map_err(|e| err(&e)),
         (Output::Json, [one]) => serde_json::to_string_pretty(&one.mutated).map_err(|e| err(&e)),
-        (Output::Patch, [one]) => {
-            serde_json::to_string_pretty(&patch(one)).map_err(|e| err(&e))
-        }
+        (Output::Patch, [one]) => serde_json::to_string_pretty(&patch(one)).map_err(|e| err(&e)),
         (Output::Yaml, many) => {
             let mut out = String::new();
             for p in many {

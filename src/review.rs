@@ -266,10 +266,8 @@ mod tests {
 
     #[test]
     fn the_envelope_is_valid_json_with_escaped_strings() {
-        let outcome = Decision::Denied(Denial::new(
-            DenyReason::Policy,
-            "a \"quoted\" \\ message\n",
-        ));
+        let outcome =
+            Decision::Denied(Denial::new(DenyReason::Policy, "a \"quoted\" \\ message\n"));
         let out: Value = serde_json::from_slice(
             &encode("admission.k8s.io/v1", "AdmissionReview", "u\"1", &outcome).unwrap(),
         )
@@ -285,8 +283,7 @@ mod tests {
         let warned = Decision::Unchanged {
             warnings: vec!["w\"1".into()],
         };
-        let out: Value =
-            serde_json::from_slice(&encode("v", "k", "u", &warned).unwrap()).unwrap();
+        let out: Value = serde_json::from_slice(&encode("v", "k", "u", &warned).unwrap()).unwrap();
         assert_eq!(out["response"]["allowed"], true);
         assert_eq!(out["response"]["warnings"][0], "w\"1");
         assert!(out["response"].get("patch").is_none());
@@ -307,7 +304,10 @@ mod tests {
         ] {
             let request = body(kind, op, pod.clone());
             let h = handle(&cfg, &request).unwrap();
-            assert!(matches!(h.decision, Decision::Unchanged { .. }), "{kind} {op}");
+            assert!(
+                matches!(h.decision, Decision::Unchanged { .. }),
+                "{kind} {op}"
+            );
             let out: Value = serde_json::from_slice(&h.body).unwrap();
             assert_eq!(out["response"]["allowed"], true);
             assert!(out["response"].get("patch").is_none());
@@ -364,7 +364,10 @@ mod tests {
         let request = body("Pod", "CREATE", pod(json!({"app": "x"})));
         let h = handle(&cfg, &request).unwrap();
         assert!(matches!(h.decision, Decision::Mutated { .. }));
-        assert_eq!(h.decision.injected(), [("tmp".to_owned(), VolumeKind::EmptyDir)]);
+        assert_eq!(
+            h.decision.injected(),
+            [("tmp".to_owned(), VolumeKind::EmptyDir)]
+        );
         let request = body("Pod", "CREATE", pod(json!({"app": 1})));
         let h = handle(&cfg, &request).unwrap();
         let Decision::Denied(d) = &h.decision else {

@@ -233,9 +233,8 @@ pub fn dns_label(what: &str, s: &str) -> Result<(), Invalid> {
 }
 
 pub fn dns_subdomain(what: &str, s: &str) -> Result<(), Invalid> {
-    let ok = !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| dns_label(what, part).is_ok());
+    let ok =
+        !s.is_empty() && s.len() <= 253 && s.split('.').all(|part| dns_label(what, part).is_ok());
     if ok {
         Ok(())
     } else {

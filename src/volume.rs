@@ -264,9 +264,9 @@ impl Source {
                 match storage {
                     Some(q) => validate::parse_size("size", &q.0).map(|_| ()),
                     None if sized_later => Ok(()),
-                    None => {
-                        bad("ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required")
-                    }
+                    None => bad(
+                        "ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required",
+                    ),
                 }
             }
         }
@@ -409,7 +409,6 @@ const ACCESS_MODES: [&str; 4] = [
     "ReadWriteMany",
     "ReadWriteOncePod",
 ];
-
 
 #[cfg(test)]
 mod tests {

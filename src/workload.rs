@@ -119,8 +119,7 @@ pub fn preview(
     );
     let mut mutated = object.clone();
     if let Some(patch) = decision.patch() {
-        let ops = serde_json::to_value(patch)
-            .map_err(|e| WorkloadError::Apply(e.to_string()))?;
+        let ops = serde_json::to_value(patch).map_err(|e| WorkloadError::Apply(e.to_string()))?;
         let patch: json_patch::Patch =
             serde_json::from_value(ops).map_err(|e| WorkloadError::Apply(e.to_string()))?;
         json_patch::patch(&mut mutated, &patch).map_err(|e| WorkloadError::Apply(e.to_string()))?;

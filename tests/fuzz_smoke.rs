@@ -96,8 +96,7 @@ fn inputs_that_once_crashed_a_fuzz_target_stay_fixed() {
             seen += 1;
             match target {
                 "annotation" => {
-                    let _ =
-                        String::from_utf8_lossy(&data).parse::<evi::volume::VolumeRequest>();
+                    let _ = String::from_utf8_lossy(&data).parse::<evi::volume::VolumeRequest>();
                 }
                 "config" => {
                     let _ = Config::parse(&String::from_utf8_lossy(&data));

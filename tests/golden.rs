@@ -86,7 +86,8 @@ fn run(dir: &Path) -> Result<(), String> {
     check_golden(&dir.join("output.json"), &preview.mutated)?;
     deserializes_as_its_kind(&preview.mutated)?;
 
-    let again = workload::preview(&cfg, known, &preview.mutated, None).map_err(|e| e.to_string())?;
+    let again =
+        workload::preview(&cfg, known, &preview.mutated, None).map_err(|e| e.to_string())?;
     match again.decision.patch() {
         _ if !again.decision.allowed() => Err(format!("second pass denied: {:?}", again.decision)),
         Some(p) => Err(format!("second pass is not idempotent: {p:?}")),
@@ -101,9 +102,14 @@ fn check_golden(path: &Path, actual: &Value) -> Result<(), String> {
         std::fs::write(path, &text).unwrap();
         return Ok(());
     }
-    let expected = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()))?;
-    let expected: Value = serde_json::from_str(&expected).map_err(|e| format!("{}: {e}", path.display()))?;
+    let expected = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    })?;
+    let expected: Value =
+        serde_json::from_str(&expected).map_err(|e| format!("{}: {e}", path.display()))?;
     if expected != *actual {
         return Err(format!(
             "{} differs from the engine's output:\n{text}",
@@ -129,4 +135,3 @@ fn deserializes_as_its_kind(v: &Value) -> Result<(), String> {
     };
     r.map_err(|e| format!("{kind} does not deserialize: {e}"))
 }
-

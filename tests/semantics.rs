@@ -153,11 +153,7 @@ fn an_existing_volume_of_the_same_name_is_reused_only_when_identical() {
         let d = decide(&c, &with_volume(existing.clone(), annotation));
         match refused {
             Some(why) => {
-                assert_eq!(
-                    d.verdict,
-                    "denied:conflict",
-                    "{existing} / {annotation}"
-                );
+                assert_eq!(d.verdict, "denied:conflict", "{existing} / {annotation}");
                 assert_eq!(d.code, Some(422));
                 assert!(
                     d.message.contains("volume \"scratch\"") && d.message.contains(why),
@@ -172,8 +168,7 @@ fn an_existing_volume_of_the_same_name_is_reused_only_when_identical() {
             }
             None => {
                 assert_eq!(
-                    d.verdict,
-                    "mutated",
+                    d.verdict, "mutated",
                     "{existing} / {annotation}: {}",
                     d.message
                 );

@@ -462,8 +462,7 @@ async fn denials_pass_through_and_dry_run() {
     }
 
     // Not a pod CREATE: allowed, untouched.
-    let mut update =
-        common::review_for(&common::read_input("nextflow-pod-mode"), "nf", "upd-1");
+    let mut update = common::review_for(&common::read_input("nextflow-pod-mode"), "nf", "upd-1");
     update["request"]["operation"] = json!("UPDATE");
     update["request"]["oldObject"] = update["request"]["object"].clone();
     let r = review(&server, Proto::H2, &update).await;

@@ -64,3 +64,54 @@ fn canonical(v: &Value, key: &str) -> Option<Value> {
         other => Some(other.clone()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_api_servers_defaulting_does_not_make_a_volume_different() {
+        let ours = json!({"name": "s", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1024Gi"}}}}}});
+        let stored = json!({"name": "s", "ephemeral": {"volumeClaimTemplate": {"metadata": {},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                     "resources": {"requests": {"storage": "1Ti"}}}}}});
+        assert_eq!(same_volume(&ours, &stored), Ok(()));
+        let ram = json!({"name": "s", "emptyDir": {"medium": "", "sizeLimit": "1Gi"}});
+        assert_eq!(
+            same_volume(
+                &ram,
+                &json!({"name": "s", "emptyDir": {"sizeLimit": "1024Mi"}})
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn another_kind_or_other_settings_are_named() {
+        let ours = json!({"name": "s", "emptyDir": {"sizeLimit": "1Gi"}});
+        assert_eq!(
+            same_volume(
+                &ours,
+                &json!({"name": "s", "persistentVolumeClaim": {"claimName": "c"}})
+            ),
+            Err("of kind persistentVolumeClaim, not emptyDir".into())
+        );
+        let other = same_volume(
+            &ours,
+            &json!({"name": "s", "emptyDir": {"sizeLimit": "2Gi"}}),
+        );
+        assert!(
+            other
+                .as_ref()
+                .is_err_and(|e| e.starts_with("with other emptyDir settings")),
+            "{other:?}"
+        );
+        assert_eq!(
+            same_volume(&ours, &json!({"name": "s"})),
+            Err("which is not a single volume source".into())
+        );
+    }
+}

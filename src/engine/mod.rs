@@ -167,3 +167,98 @@ fn combine(errors: Vec<Denial>) -> Result<(), Denial> {
     let messages: Vec<String> = errors.into_iter().map(|d| d.message).collect();
     Err(Denial::new(reason, messages.join("; ")))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Decides for a pod given as JSON and returns the decision and the pod as patched.
+    fn run(cfg: &Config, cluster: Option<&ClusterState>, pod: &Value) -> (Decision, Value) {
+        let text = pod.to_string();
+        let view: PodView = serde_json::from_str(&text).unwrap();
+        let known = cluster.map(|state| Known {
+            state,
+            complete: true,
+        });
+        let at = PodLocation {
+            namespace: "nf",
+            pointer: "",
+        };
+        let decision = decide(cfg, known, &view, at);
+        let mut patched = pod.clone();
+        if let Some(p) = decision.patch() {
+            let ops: json_patch::Patch = serde_json::from_slice(p.as_bytes()).unwrap();
+            json_patch::patch(&mut patched, &ops).unwrap();
+        }
+        (decision, patched)
+    }
+
+    #[test]
+    fn a_pod_without_metadata_gets_every_annotation() {
+        // A workload's pod template may have no metadata; a rule can still match it. Under
+        // clusterChecks: warn it gets two annotations, which must not overwrite each other.
+        let cfg = Config::parse(
+            "clusterChecks: warn\nrules:\n  - name: scratch\n    volumes:\n      s: type=ephemeral,storageClass=fast,size=1Gi,mountPath=/s\n",
+        )
+        .unwrap();
+        let pod = json!({"spec": {"containers": [{"name": "c"}]}});
+        let (decision, patched) = run(&cfg, Some(&ClusterState::default()), &pod);
+        assert!(matches!(decision, Decision::Mutated { .. }), "{decision:?}");
+        let annotations = &patched["metadata"]["annotations"];
+        assert_eq!(annotations[&cfg.injected_key], "s");
+        assert!(
+            annotations[&cfg.cluster_check_key]
+                .as_str()
+                .is_some_and(|m| m.contains("StorageClass \"fast\"")),
+            "{patched}"
+        );
+    }
+
+    #[test]
+    fn on_error_warn_admits_once_with_the_status_annotation_and_then_stays_quiet() {
+        let cfg = Config::parse("onError: warn").unwrap();
+        let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/s": "type=nope"}},
+                         "spec": {"containers": [{"name": "c"}]}});
+        let (first, patched) = run(&cfg, None, &pod);
+        let Decision::AdmittedDespiteError { denial, .. } = &first else {
+            panic!("{first:?}")
+        };
+        assert_eq!(denial.reason, DenyReason::Invalid);
+        assert_eq!(
+            patched["metadata"]["annotations"][&cfg.error_key],
+            denial.message.as_str()
+        );
+        // Reinvoked: still admitted despite the error, with nothing more to write.
+        let (again, _) = run(&cfg, None, &patched);
+        assert!(
+            matches!(&again, Decision::AdmittedDespiteError { patch, .. } if patch.is_empty()),
+            "{again:?}"
+        );
+        assert!(again.patch().is_none() && again.allowed());
+    }
+
+    #[test]
+    fn everything_there_already_is_unchanged_with_the_warnings_kept() {
+        let cfg = Config::default();
+        let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/s": "type=emptyDir,size=1Gi,mountPath=/s,env=TMPDIR"}},
+                         "spec": {"containers": [{"name": "c", "env": [{"name": "TMPDIR", "value": "/tmp"}]}]}});
+        let (first, patched) = run(&cfg, None, &pod);
+        assert_eq!(
+            first.injected(),
+            [("s".to_owned(), crate::volume::VolumeKind::EmptyDir)]
+        );
+        assert_eq!(
+            first.warnings(),
+            ["volume s: container c already sets TMPDIR; left alone"]
+        );
+        let (again, _) = run(&cfg, None, &patched);
+        assert_eq!(
+            again,
+            Decision::Unchanged {
+                warnings: first.warnings().to_vec()
+            }
+        );
+    }
+}

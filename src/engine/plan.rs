@@ -213,7 +213,11 @@ fn mount(
     v: &Volume,
 ) -> Result<(), Denial> {
     let want = normalize_path(&v.mount_path);
-    let existing = c.volume_mounts.iter().flatten().map(|m| (&*m.mount_path, &*m.name));
+    let existing = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (&*m.mount_path, &*m.name));
     let added = changes
         .mounts
         .items
@@ -243,7 +247,12 @@ fn mount(
 
 /// The variables set to the mount path; one the container (or another volume) sets already
 /// is left alone, with a warning unless it has this value.
-fn set_env(changes: &mut ContainerChanges, warnings: &mut Vec<String>, c: &ContainerView, v: &Volume) {
+fn set_env(
+    changes: &mut ContainerChanges,
+    warnings: &mut Vec<String>,
+    c: &ContainerView,
+    v: &Volume,
+) {
     for var in &v.env {
         match c.env.iter().flatten().find(|e| *e.name == **var) {
             Some(e) if e.value.as_deref() == Some(v.mount_path.as_str()) => {}

@@ -101,3 +101,147 @@ pub(super) fn volume_count(policy: &Policy, count: usize) -> Result<(), String> 
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::Requested;
+
+    fn source(annotation: &str) -> Source {
+        match annotation.parse::<crate::volume::VolumeRequest>() {
+            Ok(r) => match r.source {
+                Requested::Inline(s) => s,
+                Requested::Profile(p) => panic!("{p} is a profile"),
+            },
+            Err(e) => panic!("{annotation}: {e}"),
+        }
+    }
+
+    fn policy(yaml: &str) -> Policy {
+        crate::config::Config::parse(&format!("policy: {yaml}"))
+            .unwrap_or_else(|e| panic!("{yaml}: {e}"))
+            .policy
+    }
+
+    #[test]
+    fn allowlists_name_what_is_allowed() {
+        let p = policy("{csiDrivers: [a.example.com], storageClasses: [gp3, io2]}");
+        let csi = |d: &str| source(&format!("type=csi,driver={d},mountPath=/s"));
+        assert_eq!(allowlists(&p, &csi("a.example.com")), Ok(()));
+        assert_eq!(
+            allowlists(&p, &csi("b.example.com")),
+            Err(r#"CSI driver "b.example.com" is not in policy.csiDrivers (a.example.com)"#.into())
+        );
+        let pvc = |sc: &str| source(&format!("type=ephemeral,size=1Gi,mountPath=/s{sc}"));
+        assert_eq!(allowlists(&p, &pvc(",storageClass=io2")), Ok(()));
+        assert!(
+            allowlists(&p, &pvc(",storageClass=st1"))
+                .unwrap_err()
+                .contains("\"st1\" is not in policy.storageClasses (gp3, io2)")
+        );
+        assert!(
+            allowlists(&p, &pvc(""))
+                .unwrap_err()
+                .contains("a storage class is required")
+        );
+        // Without lists, everything goes.
+        assert_eq!(
+            allowlists(&Policy::default(), &csi("b.example.com")),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn each_medium_has_its_own_cap_and_huge_pages_none() {
+        let p = policy("{maxSize: {emptyDir: 10Gi, memory: 1Gi, ephemeral: 100Gi}}");
+        let q = |s: &str| Some(s.parse::<Quantity>().unwrap());
+        let cases = [
+            (
+                VolumeKind::EmptyDir,
+                Medium::Disk,
+                "11Gi",
+                Some("policy.maxSize.emptyDir (10Gi)"),
+            ),
+            (VolumeKind::EmptyDir, Medium::Disk, "10Gi", None),
+            (
+                VolumeKind::EmptyDir,
+                Medium::Memory,
+                "2Gi",
+                Some("policy.maxSize.memory (1Gi)"),
+            ),
+            (VolumeKind::EmptyDir, Medium::HugePages, "2Ti", None),
+            (
+                VolumeKind::Ephemeral,
+                Medium::None,
+                "1Ti",
+                Some("policy.maxSize.ephemeral (100Gi)"),
+            ),
+            (VolumeKind::Csi, Medium::None, "1Ti", None),
+        ];
+        for (kind, medium, size, refused) in cases {
+            let got = max_size(&p, kind, medium, q(size));
+            match refused {
+                Some(m) => assert!(
+                    got.as_ref().is_err_and(|e| e.contains(m)),
+                    "{kind} {medium:?} {size}: {got:?}"
+                ),
+                None => assert_eq!(got, Ok(()), "{kind} {medium:?} {size}"),
+            }
+        }
+        assert_eq!(
+            max_size(&p, VolumeKind::EmptyDir, Medium::Disk, None),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_default_size_goes_to_unsized_disk_and_ram_only() {
+        let p = policy("{requireSizeLimit: true, defaultSizeLimit: 5Gi}");
+        let five = Some(("5Gi", "5Gi".parse().unwrap()));
+        assert_eq!(
+            default_size(&p, &source("type=emptyDir,mountPath=/s")),
+            five
+        );
+        assert_eq!(
+            default_size(&p, &source("type=emptyDir,medium=Memory,mountPath=/s")),
+            five
+        );
+        assert_eq!(
+            default_size(&p, &source("type=emptyDir,size=1Gi,mountPath=/s")),
+            None
+        );
+        assert_eq!(
+            default_size(&p, &source("type=emptyDir,medium=HugePages,mountPath=/s")),
+            None
+        );
+        assert_eq!(
+            default_size(&p, &source("type=ephemeral,size=1Gi,mountPath=/s")),
+            None
+        );
+        assert_eq!(
+            default_size(&Policy::default(), &source("type=emptyDir,mountPath=/s")),
+            None
+        );
+    }
+
+    #[test]
+    fn inline_sources_types_and_counts() {
+        let p = policy("{allowInline: false, types: [emptyDir], maxVolumesPerPod: 2}");
+        assert!(
+            inline_allowed(&p)
+                .unwrap_err()
+                .contains("allowInline is false")
+        );
+        assert_eq!(inline_allowed(&Policy::default()), Ok(()));
+        assert_eq!(kind_allowed(&p, VolumeKind::EmptyDir), Ok(()));
+        assert_eq!(
+            kind_allowed(&p, VolumeKind::Csi),
+            Err("type csi is not allowed by policy.types (emptyDir)".into())
+        );
+        assert_eq!(volume_count(&p, 2), Ok(()));
+        assert_eq!(
+            volume_count(&p, 3),
+            Err("3 volumes requested, policy.maxVolumesPerPod allows 2".into())
+        );
+    }
+}

@@ -57,8 +57,8 @@ pub(super) fn collect(
         else {
             continue;
         };
-        let parsed = validate::dns_label("volume name", name)
-            .and_then(|()| value.parse::<VolumeRequest>());
+        let parsed =
+            validate::dns_label("volume name", name).and_then(|()| value.parse::<VolumeRequest>());
         match parsed {
             Ok(request) => requests.push(Request {
                 name: name.to_owned(),
@@ -79,9 +79,10 @@ pub(super) fn collect(
     let mut labels = None;
     for rule in cfg.rules.iter().filter(|r| r.in_namespace(namespace)) {
         if labels.is_none() {
-            labels = Some(pod.labels().map_err(|e| {
-                Denial::new(DenyReason::Invalid, format!("metadata.labels: {e}"))
-            })?);
+            labels =
+                Some(pod.labels().map_err(|e| {
+                    Denial::new(DenyReason::Invalid, format!("metadata.labels: {e}"))
+                })?);
         }
         if !labels.as_ref().is_some_and(|l| rule.selects(l)) {
             continue;

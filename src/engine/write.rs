@@ -13,7 +13,11 @@ use crate::{
 /// Writes the plan for the pod at `pointer` in the patched object.
 pub(super) fn write(pointer: &str, plan: &Plan) -> Result<Patch, Denial> {
     let mut patch = Patch::with_capacity(512 * plan.volumes.items.len() + 256);
-    add_all(&mut patch, &format!("{pointer}/spec/volumes"), &plan.volumes)?;
+    add_all(
+        &mut patch,
+        &format!("{pointer}/spec/volumes"),
+        &plan.volumes,
+    )?;
     let container = |c: &super::plan::ContainerChanges, leaf: &str| {
         format!("{pointer}/spec/{}/{}/{leaf}", c.list.field(), c.index)
     };
@@ -65,4 +69,114 @@ fn add<T: Serialize + ?Sized>(patch: &mut Patch, path: &str, value: &T) -> Resul
             format!("the patch could not be written: {e}"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::{
+        engine::plan::{Additions, Annotation, ContainerChanges, ContainerList},
+        patch::{EnvVar, Volume, VolumeMount},
+        volume::VolumeKind,
+    };
+
+    fn plan(exists: bool, metadata: Metadata) -> Plan {
+        let source = serde_json::value::to_raw_value(&json!({"sizeLimit": "1Gi"})).unwrap();
+        let additions = |items| Additions { exists, items };
+        Plan {
+            volumes: additions(vec![Volume {
+                name: "s".into(),
+                kind: VolumeKind::EmptyDir,
+                source,
+            }]),
+            containers: vec![ContainerChanges {
+                list: ContainerList::InitContainers,
+                index: 1,
+                mounts: Additions {
+                    exists,
+                    items: vec![VolumeMount {
+                        mount_path: "/s".into(),
+                        name: "s".into(),
+                        read_only: None,
+                        sub_path: None,
+                    }],
+                },
+                env: Additions {
+                    exists,
+                    items: vec![EnvVar {
+                        name: "TMPDIR".into(),
+                        value: "/s".into(),
+                    }],
+                },
+            }],
+            metadata,
+            annotations: ["a/x", "a/y"]
+                .map(|key| Annotation {
+                    key: key.into(),
+                    token: key.replace('/', "~1"),
+                    value: "v".into(),
+                })
+                .into(),
+            injected: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn ops(plan: &Plan) -> Vec<(String, Value)> {
+        let patch: Value =
+            serde_json::from_slice(write("/spec/template", plan).unwrap().as_bytes()).unwrap();
+        patch
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|op| (op["path"].as_str().unwrap().to_owned(), op["value"].clone()))
+            .collect()
+    }
+
+    #[test]
+    fn missing_arrays_are_written_whole_in_order() {
+        let got = ops(&plan(false, Metadata::Missing));
+        let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/spec/template/spec/volumes",
+                "/spec/template/spec/initContainers/1/volumeMounts",
+                "/spec/template/spec/initContainers/1/env",
+                "/spec/template/metadata",
+            ]
+        );
+        assert_eq!(
+            got[0].1,
+            json!([{"emptyDir": {"sizeLimit": "1Gi"}, "name": "s"}])
+        );
+        assert_eq!(got[3].1, json!({"annotations": {"a/x": "v", "a/y": "v"}}));
+    }
+
+    #[test]
+    fn existing_arrays_are_appended_to_and_annotations_set_one_by_one() {
+        let got = ops(&plan(true, Metadata::Annotations));
+        let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/spec/template/spec/volumes/-",
+                "/spec/template/spec/initContainers/1/volumeMounts/-",
+                "/spec/template/spec/initContainers/1/env/-",
+                "/spec/template/metadata/annotations/a~1x",
+                "/spec/template/metadata/annotations/a~1y",
+            ]
+        );
+        assert_eq!(got[2].1, json!({"name": "TMPDIR", "value": "/s"}));
+        let no_annotations = ops(&plan(true, Metadata::NoAnnotations));
+        assert_eq!(
+            no_annotations.last().unwrap(),
+            &(
+                "/spec/template/metadata/annotations".to_owned(),
+                json!({"a/x": "v", "a/y": "v"})
+            )
+        );
+    }
 }

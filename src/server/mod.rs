@@ -33,11 +33,7 @@ use self::{
     metrics::{CauseLabel, CodeLabel, KindLabel, Metrics, PortLabel, ReasonLabel, ResultLabel},
     tls::CertStore,
 };
-use crate::{
-    config::Config,
-    decision::Decision,
-    review,
-};
+use crate::{config::Config, decision::Decision, review};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
