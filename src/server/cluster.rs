@@ -226,3 +226,21 @@ fn objects<V>(w: &ClusterWatch, map: fn(&mut ClusterState) -> &mut Map<V>) -> i6
     let mut working = w.working.lock().unwrap_or_else(|p| p.into_inner());
     i64::try_from(map(&mut working).len()).unwrap_or(i64::MAX)
 }
+
+/// Readiness waits up to `timeout` for the first complete lists; past it the webhook is
+/// ready with the checks in warn (and `evi_cluster_checks_degraded` at 1) until they arrive.
+pub async fn await_sync(w: Arc<ClusterWatch>, state: Arc<AppState>, timeout: std::time::Duration) {
+    let complete = tokio::time::timeout(timeout, w.wait_complete())
+        .await
+        .is_ok();
+    state
+        .cluster_ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    if !complete {
+        state.metrics.cluster_degraded.set(1);
+        tracing::warn!(timeout = ?timeout, "the cluster's CSIDriver and StorageClass lists have not arrived: ready, with the cluster checks in warn until they do");
+        w.wait_complete().await;
+        state.metrics.cluster_degraded.set(0);
+        tracing::info!("cluster lists received: the cluster checks are as configured again");
+    }
+}

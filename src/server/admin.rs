@@ -1,0 +1,146 @@
+//! The admin port (plain HTTP): `/healthz`, `/readyz` and `/metrics`.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use axum::{
+    Router,
+    extract::State,
+    http::{StatusCode, header},
+    routing::get,
+};
+
+use super::{AppState, with_json_errors};
+
+/// The admin port's router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let router = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(s): State<Arc<AppState>>| async move {
+                if !s.ready.load(Ordering::SeqCst) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: starting or shutting down\n",
+                    )
+                } else if !s.cluster_ready.load(Ordering::SeqCst) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: waiting for the cluster's CSIDriver and StorageClass lists\n",
+                    )
+                } else if s.at_capacity.load(Ordering::SeqCst) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: the webhook port is at its connection cap\n",
+                    )
+                } else {
+                    (StatusCode::OK, "ready\n")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|State(s): State<Arc<AppState>>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    s.metrics.encode(),
+                )
+            }),
+        );
+    with_json_errors(
+        router,
+        state,
+        "admin",
+        "the admin endpoints are GET /healthz, /readyz, /metrics",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use axum::http::Request;
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::server::test_state;
+
+    async fn get(state: &Arc<AppState>, method: &str, path: &str) -> (StatusCode, String, String) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let kind = response.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, kind, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readiness_says_why_it_is_not_ready() {
+        let state = test_state("");
+        assert_eq!(get(&state, "GET", "/healthz").await.0, StatusCode::OK);
+        assert_eq!(get(&state, "GET", "/readyz").await.2, "ready\n");
+        let unready = |flag: &AtomicBool, set: bool| flag.store(set, Ordering::SeqCst);
+        for (flag, ready_when, why) in [
+            (&state.ready, true, "starting or shutting down"),
+            (
+                &state.cluster_ready,
+                true,
+                "cluster's CSIDriver and StorageClass lists",
+            ),
+            (&state.at_capacity, false, "connection cap"),
+        ] {
+            unready(flag, !ready_when);
+            let (status, _, body) = get(&state, "GET", "/readyz").await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{why}");
+            assert!(body.contains(why), "{why}: {body}");
+            // Live all the same: the kubelet must not restart a draining or waiting webhook.
+            assert_eq!(get(&state, "GET", "/healthz").await.0, StatusCode::OK);
+            unready(flag, ready_when);
+        }
+        assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_openmetrics_and_other_paths_json_errors() {
+        let state = test_state("");
+        let (status, kind, body) = get(&state, "GET", "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+        for (method, path, code) in [
+            ("POST", "/metrics", StatusCode::METHOD_NOT_ALLOWED),
+            ("GET", "/mutate", StatusCode::NOT_FOUND),
+        ] {
+            let (status, kind, body) = get(&state, method, path).await;
+            assert_eq!(
+                (status, kind.as_str()),
+                (code, "application/json"),
+                "{method} {path}"
+            );
+            let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert!(
+                error["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("GET /healthz, /readyz, /metrics")),
+                "{body}"
+            );
+        }
+        let text = state.metrics.encode();
+        assert!(
+            text.contains("evi_http_responses_total{port=\"admin\",code=\"405\"} 1"),
+            "{text}"
+        );
+    }
+}

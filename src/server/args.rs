@@ -1,0 +1,151 @@
+//! The `serve` flags (each also an environment variable) and the durations made of them.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use super::{ServeError, connection::Bounds};
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line (for log collectors).
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// `serve`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Webhook address (HTTPS); the webhook path is POST /mutate.
+    #[arg(long, env = "EVI_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Admin address (plain HTTP): /healthz, /readyz, /metrics.
+    #[arg(long, env = "EVI_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// Serving certificate (PEM, chain allowed); reloaded when it changes. Without it, a
+    /// self-signed certificate for localhost is generated in memory.
+    #[arg(long, env = "EVI_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of the serving certificate (PEM).
+    #[arg(long, env = "EVI_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Where the generated CA certificate is written when no certificate is given.
+    #[arg(long, env = "EVI_CA_OUT")]
+    pub ca_out: Option<PathBuf>,
+    /// Configuration file (YAML; see the README's Configuration); reloaded when it changes. Built-in defaults without it.
+    #[arg(long, env = "EVI_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "EVI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or evi=debug.
+    #[arg(long, env = "EVI_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Largest request body accepted; an UPDATE review carries two pods.
+    #[arg(long, env = "EVI_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds a client has to finish the TLS handshake, the HTTP/2 preface and each
+    /// request's headers (from its first byte). The API server sends a request at once.
+    #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
+    pub header_timeout_seconds: f64,
+    /// Seconds a request body may take to arrive; then 408. The API server sends the whole
+    /// review at once and gives up on a webhook after at most 30 s (10 s by default).
+    #[arg(long, env = "EVI_BODY_TIMEOUT_SECONDS", default_value_t = 10.0)]
+    pub body_timeout_seconds: f64,
+    /// Seconds an HTTP/1.1 keep-alive connection may wait for its next request. Longer than
+    /// the API server's own idle timeout (Go's 90 s), so that the client, not the webhook,
+    /// closes idle connections and never sends a request on one being closed.
+    #[arg(long, env = "EVI_IDLE_TIMEOUT_SECONDS", default_value_t = 120.0)]
+    pub idle_timeout_seconds: f64,
+    /// Seconds an HTTP/2 connection may stay open with no request in flight (pings do not
+    /// count). The API server speaks HTTP/1.1 to webhooks; HTTP/2 clients reconnect cheaply.
+    #[arg(long, env = "EVI_H2_IDLE_TIMEOUT_SECONDS", default_value_t = 60.0)]
+    pub h2_idle_timeout_seconds: f64,
+    /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a
+    /// flood of idle or slow clients (each connection in a TLS handshake holds ~25 KiB). Too low a
+    /// limit lets a flood of idle connections starve the API server until they time out.
+    #[arg(long, env = "EVI_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Connections served at once on the admin port (probes and scrapes need a few); it
+    /// cannot take descriptors or memory from the webhook port beyond this.
+    #[arg(long, env = "EVI_ADMIN_MAX_CONNECTIONS", default_value_t = 64)]
+    pub admin_max_connections: usize,
+    /// Seconds an admin client has for its request headers (probes send them at once).
+    #[arg(long, env = "EVI_ADMIN_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
+    pub admin_header_timeout_seconds: f64,
+    /// Seconds an admin keep-alive connection may wait for its next request (the kubelet's
+    /// probes and Prometheus come every 10 s or more and reconnect cheaply).
+    #[arg(long, env = "EVI_ADMIN_IDLE_TIMEOUT_SECONDS", default_value_t = 30.0)]
+    pub admin_idle_timeout_seconds: f64,
+    /// Kubeconfig for the cluster checks (CSIDriver and StorageClass watches). Without it the
+    /// in-cluster service account is used; outside a cluster the checks are off.
+    #[arg(long, env = "EVI_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seconds readiness waits for the first complete CSIDriver and StorageClass lists; past
+    /// it the webhook is ready with the cluster checks in warn until they arrive.
+    #[arg(long, env = "EVI_CLUSTER_SYNC_TIMEOUT_SECONDS", default_value_t = 30.0)]
+    pub cluster_sync_timeout_seconds: f64,
+    /// After SIGTERM, seconds to keep accepting while unready, so endpoints can stop sending.
+    #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value_t = 0.0)]
+    pub drain_delay_seconds: f64,
+    /// After the drain delay, seconds in-flight requests get to finish before exit.
+    #[arg(long, env = "EVI_GRACE_PERIOD_SECONDS", default_value_t = 20.0)]
+    pub grace_period_seconds: f64,
+    /// Seconds between checks of the certificate and configuration files, besides file events.
+    #[arg(long, env = "EVI_RELOAD_POLL_SECONDS", default_value_t = 10.0)]
+    pub reload_poll_seconds: f64,
+}
+
+/// The flags' durations, checked.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    pub webhook: Bounds,
+    pub admin: Bounds,
+    pub body: Duration,
+    pub drain_delay: Duration,
+    pub grace: Duration,
+    pub poll: Duration,
+    pub cluster_sync: Duration,
+}
+
+impl ServeArgs {
+    /// Every duration flag, or an error naming the first bad one.
+    pub(super) fn timing(&self) -> Result<Timing, ServeError> {
+        let admin_idle = seconds(
+            "--admin-idle-timeout-seconds",
+            self.admin_idle_timeout_seconds,
+        )?;
+        Ok(Timing {
+            webhook: Bounds {
+                header: seconds("--header-timeout-seconds", self.header_timeout_seconds)?,
+                h1_idle: seconds("--idle-timeout-seconds", self.idle_timeout_seconds)?,
+                h2_idle: seconds("--h2-idle-timeout-seconds", self.h2_idle_timeout_seconds)?,
+            },
+            admin: Bounds {
+                header: seconds(
+                    "--admin-header-timeout-seconds",
+                    self.admin_header_timeout_seconds,
+                )?,
+                h1_idle: admin_idle,
+                h2_idle: admin_idle,
+            },
+            body: seconds("--body-timeout-seconds", self.body_timeout_seconds)?,
+            drain_delay: seconds("--drain-delay-seconds", self.drain_delay_seconds)?,
+            grace: seconds("--grace-period-seconds", self.grace_period_seconds)?,
+            poll: seconds("--reload-poll-seconds", self.reload_poll_seconds)?
+                .max(Duration::from_millis(100)),
+            cluster_sync: seconds(
+                "--cluster-sync-timeout-seconds",
+                self.cluster_sync_timeout_seconds,
+            )?,
+        })
+    }
+}
+
+fn seconds(name: &str, v: f64) -> Result<Duration, ServeError> {
+    Duration::try_from_secs_f64(v).map_err(|_| {
+        ServeError::Flag(format!(
+            "{name} must be a non-negative number of seconds, not {v}"
+        ))
+    })
+}

@@ -1,0 +1,35 @@
+//! Logging: a background writer to stderr, flushed on every exit.
+
+use super::args::{LogFormat, ServeArgs};
+
+/// The log writer's guard: dropping it flushes the lines still buffered. Kept here so that
+/// the second-signal exit, which skips every destructor, can flush the log first.
+pub(super) static LOG_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
+    std::sync::Mutex::new(None);
+
+/// Writes out the lines still buffered.
+pub(super) fn flush_log() {
+    let guard = LOG_GUARD.lock().map(|mut g| g.take()).unwrap_or_default();
+    drop(guard);
+}
+
+/// Logs go to stderr through a background writer: a decision line costs a channel send on
+/// the request path instead of a write(2). Lines are never dropped (lossy = false).
+pub(super) fn init_logging(args: &ServeArgs) -> tracing_appender::non_blocking::WorkerGuard {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(4096)
+        .finish(std::io::BufWriter::new(std::io::stderr()));
+    // Colours only for a person at a terminal, never in a file or a log collector.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(writer);
+    let _ = match args.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    guard
+}

@@ -1,0 +1,83 @@
+//! Shutdown: the signals, then the drain (unready, a delay for endpoints to notice, GOAWAY and
+//! keep-alive off, in-flight requests finished within the grace period).
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use tokio::net::TcpListener;
+
+use super::{
+    AppState,
+    args::Timing,
+    listener::{Port, accept_loop},
+    logging::flush_log,
+};
+
+/// Resolves at the first SIGTERM or SIGINT; a second one exits the process at once.
+pub(super) async fn shutdown_signal() {
+    wait_signal().await;
+    tokio::spawn(async {
+        wait_signal().await;
+        tracing::warn!("second signal: exiting now");
+        flush_log();
+        std::process::exit(1);
+    });
+}
+
+async fn wait_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// After the shutdown signal: not ready at once, connections still accepted for the drain
+/// delay, then no new ones; keep-alive ends after the request in flight and HTTP/2 gets
+/// GOAWAY; the in-flight requests have the grace period to finish.
+pub(super) async fn drain(
+    state: &AppState,
+    listener: TcpListener,
+    webhook: &Port,
+    stop_webhook: tokio::sync::watch::Sender<bool>,
+    timing: &Timing,
+) {
+    state.ready.store(false, Ordering::SeqCst);
+    tracing::info!(drain_delay = ?timing.drain_delay, "shutting down: not ready");
+    if !timing.drain_delay.is_zero() {
+        accept_loop(&listener, webhook, tokio::time::sleep(timing.drain_delay)).await;
+    }
+    drop(listener);
+    let _ = stop_webhook.send(true);
+    tokio::select! {
+        _ = webhook.closed() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(timing.grace) => tracing::warn!(grace = ?timing.grace, "grace period over; exiting with connections open"),
+    }
+}
+
+/// The admin port closes last, so probes and scrapes see the whole drain.
+pub(super) async fn close_admin(
+    stop_admin: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    admin: Arc<Port>,
+) {
+    let _ = stop_admin.send(true);
+    let _ = task.await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin.closed()).await;
+}

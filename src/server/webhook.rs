@@ -1,0 +1,365 @@
+//! The webhook port's one route: `POST /mutate`, an AdmissionReview in, one out. The body is
+//! read within its size and time bounds, the decision is made by [`crate::review`], and the
+//! outcome is counted and logged.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::post,
+};
+
+use super::{
+    AppState, json_error,
+    metrics::{KindLabel, Metrics, ReasonLabel, ResultLabel},
+    with_json_errors,
+};
+use crate::{decision::Decision, review};
+
+/// The webhook port's router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let router = Router::new().route("/mutate", post(mutate));
+    with_json_errors(router, state, "webhook", "the webhook is POST /mutate")
+}
+
+/// The body, within the size and time bounds. A `Content-Length` over the limit is refused
+/// before anything is read (so `Expect: 100-continue` gets its 413 at once, not a 100).
+async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Bytes, Response> {
+    let limit = state.max_body_bytes;
+    let too_large = || {
+        json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body over the limit of {limit} bytes (--max-body-bytes)"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        // Refused before it is read. A client that sends its body anyway (no `Expect:
+        // 100-continue`) is still writing it: read and drop up to one limit's worth for a
+        // moment, so that closing does not reset the connection under the 413 it has not
+        // read yet (the "lingering close" of other servers). With `Expect`, nothing is read.
+        let expects = req.headers().contains_key(header::EXPECT);
+        if !expects {
+            let body = req.into_body();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), collect(body, limit)).await;
+            });
+        }
+        return Err(too_large());
+    }
+    match tokio::time::timeout(state.body_timeout, collect(req.into_body(), limit)).await {
+        Ok(Ok(Some(bytes))) => Ok(bytes),
+        Ok(Ok(None)) => Err(too_large()),
+        Ok(Err(e)) => Err(json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("cannot read the request body: {e}"),
+        )),
+        Err(_) => Err(json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body did not arrive within {:?} (--body-timeout-seconds)",
+                state.body_timeout
+            ),
+        )),
+    }
+}
+
+/// The body's bytes, copied out of each frame as it arrives (`None` past `limit`). A frame
+/// borrows hyper's read buffer: keeping a body of many small frames as frames would hold a
+/// whole buffer per byte of a trickling client.
+async fn collect(mut body: axum::body::Body, limit: usize) -> Result<Option<Bytes>, axum::Error> {
+    use http_body_util::BodyExt as _;
+    let mut out = Vec::with_capacity(
+        usize::try_from(hyper::body::Body::size_hint(&body).lower())
+            .unwrap_or(0)
+            .min(limit),
+    );
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if out.len() + data.len() > limit {
+                return Ok(None);
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(Bytes::from(out)))
+}
+
+async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    let body = match read_body(&state, req).await {
+        Ok(b) => b,
+        Err(response) => return response,
+    };
+    let start = Instant::now();
+    let config = state.config.load();
+    let m = &state.metrics;
+    let snapshot = state.cluster.as_ref().map(|w| (w.snapshot(), w.complete()));
+    let known = snapshot
+        .as_ref()
+        .map(|(s, complete)| crate::cluster::Known {
+            state: s,
+            complete: *complete,
+        });
+    let response = match review::handle_in(&config, known, &body) {
+        Ok(h) => {
+            record(m, &h);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                h.body,
+            )
+                .into_response()
+        }
+        Err(e) => {
+            m.requests
+                .get_or_create(&ResultLabel { result: "invalid" })
+                .inc();
+            tracing::debug!(error = %e, "bad request");
+            json_error(StatusCode::BAD_REQUEST, &e.to_string())
+        }
+    };
+    m.duration.observe(start.elapsed().as_secs_f64());
+    response
+}
+
+/// The decision in the metrics and the decision log.
+fn record(m: &Metrics, h: &review::Handled<'_>) {
+    let d = &h.decision;
+    m.requests
+        .get_or_create(&ResultLabel { result: d.label() })
+        .inc();
+    for (_, kind) in d.injected() {
+        m.volumes
+            .get_or_create(&KindLabel {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+    match d {
+        Decision::Denied(denial) => {
+            m.denials
+                .get_or_create(&ReasonLabel {
+                    reason: denial.reason.as_str(),
+                })
+                .inc();
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %denial.message, "denied");
+        }
+        Decision::AdmittedDespiteError { denial, .. } => {
+            m.denials
+                .get_or_create(&ReasonLabel { reason: d.label() })
+                .inc();
+            tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %denial.message,
+                "admitted without volumes (onError: warn)");
+        }
+        Decision::Mutated { injected, .. } => {
+            let volumes: Vec<&str> = injected.iter().map(|(n, _)| n.as_str()).collect();
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+                volumes = %volumes.join(","), "mutated");
+        }
+        Decision::Unchanged { .. } => {
+            tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, "unchanged");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::server::test_state as state;
+
+    async fn post(state: &Arc<AppState>, body: &serde_json::Value) -> serde_json::Value {
+        let request = axum::http::Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    fn review(annotations: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "0d5c7a1e-0000-4000-8000-000000000001",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "CREATE", "namespace": "nf",
+                "object": {"metadata": {"generateName": "nf-", "annotations": annotations},
+                           "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn each_verdict_is_counted_under_its_own_result_and_reason() {
+        let state = state("onError: warn");
+        let ok =
+            serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s,size=1Gi"});
+        let bad = serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountpath=/s"});
+        post(&state, &review(ok.clone())).await;
+        post(&state, &review(serde_json::json!({"other": "x"}))).await;
+        let warned = post(&state, &review(bad.clone())).await;
+        assert_eq!(warned["response"]["allowed"], true);
+        // Called again with the error annotation already there (reinvocation): counted the same.
+        let mut again = bad.clone();
+        again["injector.ephemeral-volumes.io/error"] = serde_json::json!("x");
+        post(&state, &review(again)).await;
+        let text = state.metrics.encode();
+        for line in [
+            "evi_admission_requests_total{result=\"mutated\"} 1",
+            "evi_admission_requests_total{result=\"unchanged\"} 1",
+            "evi_admission_requests_total{result=\"admitted-on-error\"} 2",
+            "evi_denials_total{reason=\"admitted-on-error\"} 2",
+            "evi_volumes_injected_total{kind=\"emptyDir\"} 1",
+            "evi_admission_duration_seconds_count 4",
+            "evi_http_responses_total{port=\"webhook\",code=\"200\"} 4",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+
+        let state = self::state("");
+        let denied = post(&state, &review(bad)).await;
+        assert_eq!(denied["response"]["status"]["code"], 400);
+        let text = state.metrics.encode();
+        assert!(
+            text.contains("evi_admission_requests_total{result=\"denied\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evi_denials_total{reason=\"invalid\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("admitted-on-error\"} "), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_length_is_refused_when_it_passes_the_limit() {
+        let state = state("");
+        let request = axum::http::Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(vec![b' '; (1 << 20) + 1]))
+            .unwrap();
+        assert!(request.headers().get(header::CONTENT_LENGTH).is_none());
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(
+            body["error"].as_str().unwrap().contains("--max-body-bytes"),
+            "{body}"
+        );
+        assert!(
+            state
+                .metrics
+                .encode()
+                .contains("evi_http_responses_total{port=\"webhook\",code=\"413\"} 1")
+        );
+    }
+
+    /// A request to the router, in-process: its status and JSON body.
+    async fn send(
+        state: &Arc<AppState>,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, serde_json::Value) {
+        let request = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/json",
+            "{method} {path}"
+        );
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_a_status_and_a_json_reason() {
+        let mut limited = Arc::into_inner(state("")).unwrap();
+        limited.max_body_bytes = 65_536;
+        let state = Arc::new(limited);
+        let error = |v: &serde_json::Value| v["error"].as_str().unwrap_or_default().to_owned();
+
+        let (s, b) = send(&state, "POST", "/mutate", b"{not json".to_vec()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(error(&b).contains("not an AdmissionReview"), "{b}");
+        let no_request = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#;
+        let (s, b) = send(&state, "POST", "/mutate", no_request.to_vec()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(error(&b).contains("no request"), "{b}");
+        let (s, b) = send(&state, "POST", "/mutate", vec![0xff, b'{']).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(error(&b).contains("not UTF-8"), "{b}");
+
+        let (s, b) = send(&state, "GET", "/mutate", vec![]).await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(error(&b).contains("POST /mutate"), "{b}");
+        let (s, b) = send(&state, "POST", "/validate", vec![]).await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        assert!(error(&b).contains("POST /mutate"), "{b}");
+
+        // An UPDATE review twice the limit, with its length declared.
+        let (s, b) = send(&state, "POST", "/mutate", vec![b' '; 131_072]).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(error(&b).contains("65536 bytes (--max-body-bytes)"), "{b}");
+
+        let text = state.metrics.encode();
+        for line in [
+            "evi_admission_requests_total{result=\"invalid\"} 3",
+            "evi_http_responses_total{port=\"webhook\",code=\"400\"} 3",
+            "evi_http_responses_total{port=\"webhook\",code=\"405\"} 1",
+            "evi_http_responses_total{port=\"webhook\",code=\"404\"} 1",
+            "evi_http_responses_total{port=\"webhook\",code=\"413\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_a_408() {
+        let mut slow = Arc::into_inner(state("")).unwrap();
+        slow.body_timeout = Duration::from_millis(50);
+        let state = Arc::new(slow);
+        // A body stream that never ends.
+        let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let body = axum::body::Body::from_stream(tokio_stream_of(rx));
+        let request = axum::http::Request::post("/mutate").body(body).unwrap();
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    }
+
+    fn tokio_stream_of(
+        mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+    ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    }
+}
