@@ -7,7 +7,7 @@
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
-use bytes::Bytes;
+use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, service::service_fn};
 use hyper_util::{

@@ -23,11 +23,14 @@ use crate::{
     version,
     about = "Injects emptyDir, CSI inline and generic ephemeral volumes into pods from annotations"
 )]
+/// The command line.
 pub struct Cli {
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the webhook (HTTPS) and the admin endpoints (HTTP).
@@ -41,6 +44,7 @@ pub enum Command {
     },
 }
 
+/// `mutate`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct MutateArgs {
     /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet, as YAML or JSON; `-`
@@ -64,13 +68,18 @@ pub struct MutateArgs {
     pub output: Output,
 }
 
+/// What `mutate` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
+    /// The mutated object(s) as YAML.
     Yaml,
+    /// The mutated object(s) as JSON.
     Json,
+    /// The JSON Patch (one array per document).
     Patch,
 }
 
+/// Runs a command; the exit code says how it went (2: usage or input error, 1: denied).
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => crate::server::run(*args),

@@ -23,29 +23,42 @@ pub enum Mode {
 /// One CSIDriver: whether it serves inline (ephemeral) volumes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsiDriverInfo {
+    /// `spec.volumeLifecycleModes` includes `Ephemeral`: the driver serves inline volumes.
     pub ephemeral: bool,
 }
 
 /// One StorageClass: its provisioner, and whether it is marked as the default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorageClassInfo {
+    /// The provisioner (for messages).
     pub provisioner: String,
+    /// Annotated `storageclass.kubernetes.io/is-default-class: "true"`.
     pub default: bool,
 }
 
 /// The cluster's CSIDrivers and StorageClasses, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterState {
+    /// CSIDrivers by name.
     pub csi_drivers: BTreeMap<String, CsiDriverInfo>,
+    /// StorageClasses by name.
     pub storage_classes: BTreeMap<String, StorageClassInfo>,
 }
 
+/// Cluster objects (`mutate --cluster`) that cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// Not YAML or JSON.
     #[error("cannot parse the cluster objects as YAML or JSON: {0}")]
     Parse(String),
+    /// One object that is not a valid CSIDriver or StorageClass.
     #[error("{at}: {message}")]
-    Object { at: String, message: String },
+    Object {
+        /// Which object.
+        at: String,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 const DEFAULT_CLASS: [&str; 2] = [
@@ -143,6 +156,7 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Whether a StorageClass is marked as the default.
     pub fn has_default_class(&self) -> bool {
         self.storage_classes.values().any(|c| c.default)
     }
@@ -152,7 +166,9 @@ impl ClusterState {
 /// received). Until it is, `enforce` acts as `warn`: an incomplete list must not refuse pods.
 #[derive(Debug, Clone, Copy)]
 pub struct Known<'a> {
+    /// The objects seen.
     pub state: &'a ClusterState,
+    /// The first full lists have arrived.
     pub complete: bool,
 }
 

@@ -13,22 +13,33 @@ use crate::{
     volume::{Profile, Requested, VolumeKind, VolumeRequest},
 };
 
+/// The annotation prefix when `annotationPrefix` is not set.
 pub const DEFAULT_PREFIX: &str = "ephemeral-volumes.io";
 
 /// A configuration that failed: every problem found, each naming its place in the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// The file cannot be read.
     #[error("cannot read {path}: {message}")]
-    Read { path: String, message: String },
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// Every problem found, each naming its place.
     #[error("{}", .0.join("\n"))]
     Invalid(Vec<String>),
 }
 
+/// `onError`: what happens to a pod whose request cannot be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum OnError {
+    /// Refuse the pod (the default).
     #[default]
     Deny,
+    /// Admit it without the volumes, with a warning and the status annotation.
     Warn,
 }
 
@@ -78,8 +89,10 @@ struct FileMaxSize {
 
 // === the compiled configuration ===
 
+/// The configuration, compiled: what the engine reads, checked once at load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// `annotationPrefix`: annotations `<prefix>/<volume>` ask for volumes.
     pub prefix: String,
     /// `injector.<prefix>/injected`
     pub injected_key: String,
@@ -87,38 +100,62 @@ pub struct Config {
     pub error_key: String,
     /// The two keys as JSON-pointer tokens (RFC 6901), computed once.
     pub injected_token: String,
+    /// `error_key` as a JSON-pointer token.
     pub error_token: String,
     /// `injector.<prefix>/cluster-check`, written under `clusterChecks: warn` when the cluster
     /// lacks what a volume needs; and its token.
     pub cluster_check_key: String,
+    /// `cluster_check_key` as a JSON-pointer token.
     pub cluster_check_token: String,
+    /// `onError`.
     pub on_error: OnError,
+    /// `clusterChecks`.
     pub cluster_checks: crate::cluster::Mode,
+    /// `profiles`, by name.
     pub profiles: BTreeMap<String, Profile>,
+    /// `rules`, in the file's order (the first that gives a volume name wins).
     pub rules: Vec<Rule>,
+    /// `policy`.
     pub policy: Policy,
 }
 
+/// A rule: volumes for the pods it matches, without annotations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
+    /// Its name (in messages).
     pub name: String,
+    /// The namespaces it applies in; every namespace when `None`.
     pub namespaces: Option<Vec<String>>,
+    /// Its pod selector; every pod when `None`.
     pub selector: Option<Selector>,
+    /// The volumes it gives, by name.
     pub volumes: BTreeMap<String, VolumeRequest>,
 }
 
+/// The cluster admin's limits on what annotations may ask for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
+    /// `allowInline`: annotations may give a source rather than a profile.
     pub allow_inline: bool,
+    /// `types`: the kinds an annotation may ask for inline.
     pub types: Vec<VolumeKind>,
+    /// `csiDrivers`: the drivers an annotation may name; any when `None`.
     pub csi_drivers: Option<Vec<String>>,
+    /// `storageClasses`: the classes an annotation may name; any when `None`.
     pub storage_classes: Option<Vec<String>>,
+    /// `maxSize.emptyDir`: the largest disk emptyDir.
     pub max_empty_dir: Option<Quantity>,
+    /// `maxSize.memory`: the largest RAM disk.
     pub max_memory: Option<Quantity>,
+    /// `maxSize.ephemeral`: the largest PVC request.
     pub max_ephemeral: Option<Quantity>,
+    /// `maxVolumesPerPod`.
     pub max_volumes_per_pod: Option<usize>,
+    /// `requireSizeLimit`: an emptyDir without a size gets `defaultSizeLimit`.
     pub require_size_limit: bool,
+    /// `defaultSizeLimit`.
     pub default_size_limit: Quantity,
+    /// `defaultSizeLimit` as written (the patch carries it so).
     pub default_size_limit_text: String,
 }
 
@@ -167,6 +204,7 @@ impl Config {
         }
     }
 
+    /// Reads and compiles a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
             path: path.display().to_string(),
@@ -526,6 +564,7 @@ impl Selector {
         })
     }
 
+    /// Whether these labels match (Kubernetes semantics: every requirement must hold).
     pub fn matches<K, V>(&self, labels: &BTreeMap<K, V>) -> bool
     where
         K: std::borrow::Borrow<str> + Ord,

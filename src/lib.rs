@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! ephemeral-volume-injector: a mutating admission webhook that injects scratch and secret
 //! volumes into pods from string annotations.
 //!

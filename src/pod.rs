@@ -100,94 +100,124 @@ impl<'de: 'a, 'a> Deserialize<'de> for QuantityText<'a> {
     }
 }
 
+/// Labels or annotations.
 pub type StrMap<'a> = BTreeMap<Str<'a>, Str<'a>>;
 
+/// The part of a pod the engine reads, borrowed from the request body.
 #[derive(Debug, Default, Deserialize)]
 pub struct PodView<'a> {
-    #[serde(borrow, default)]
+    /// `metadata`.
+    #[serde(borrow)]
     pub metadata: Option<MetaView<'a>>,
-    #[serde(borrow, default)]
+    /// `spec`.
+    #[serde(borrow)]
     pub spec: Option<SpecView<'a>>,
 }
 
+/// A pod's `metadata`, as far as the engine reads it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MetaView<'a> {
-    #[serde(borrow, default)]
+    /// `name`.
+    #[serde(borrow)]
     pub name: Option<Str<'a>>,
-    #[serde(borrow, default)]
+    /// `generateName` (Job pods have no name yet).
+    #[serde(borrow)]
     pub generate_name: Option<Str<'a>>,
     /// Kept raw: labels matter only when a rule's namespaces match (see [`PodView::labels`]).
-    #[serde(borrow, default)]
+    #[serde(borrow)]
     pub labels: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    /// `annotations`.
+    #[serde(borrow)]
     pub annotations: Option<StrMap<'a>>,
 }
 
+/// A pod's `spec`, as far as the engine reads it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SpecView<'a> {
-    #[serde(borrow, default)]
+    /// `containers`.
+    #[serde(borrow)]
     pub containers: Option<Vec<ContainerView<'a>>>,
-    #[serde(borrow, default)]
+    /// `initContainers` (native sidecars included).
+    #[serde(borrow)]
     pub init_containers: Option<Vec<ContainerView<'a>>>,
-    #[serde(borrow, default)]
+    /// `volumes`, kept raw: only their names are read, and a same-named one compared.
+    #[serde(borrow)]
     pub volumes: Option<Vec<&'a RawValue>>,
-    #[serde(borrow, default)]
+    /// `os`.
+    #[serde(borrow)]
     pub os: Option<OsView<'a>>,
 }
 
 /// `spec.os`: a Windows pod cannot have a RAM disk.
 #[derive(Debug, Default, Deserialize)]
 pub struct OsView<'a> {
-    #[serde(borrow, default)]
+    /// `name`.
+    #[serde(borrow)]
     pub name: Option<Str<'a>>,
 }
 
+/// A container, as far as the engine reads it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerView<'a> {
+    /// `name`.
     #[serde(borrow)]
     pub name: Str<'a>,
-    #[serde(borrow, default)]
+    /// `volumeMounts`.
+    #[serde(borrow)]
     pub volume_mounts: Option<Vec<MountView<'a>>>,
-    #[serde(borrow, default)]
+    /// `env`.
+    #[serde(borrow)]
     pub env: Option<Vec<EnvView<'a>>>,
-    #[serde(borrow, default)]
+    /// `resources`.
+    #[serde(borrow)]
     pub resources: Option<ResourcesView<'a>>,
 }
 
+/// A volume mount: its volume and path.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MountView<'a> {
+    /// `name`.
     #[serde(borrow)]
     pub name: Str<'a>,
+    /// `mountPath`.
     #[serde(borrow)]
     pub mount_path: Str<'a>,
 }
 
+/// An environment variable.
 #[derive(Debug, Default, Deserialize)]
 pub struct EnvView<'a> {
+    /// `name`.
     #[serde(borrow)]
     pub name: Str<'a>,
-    #[serde(borrow, default)]
+    /// `value` (absent for `valueFrom`).
+    #[serde(borrow)]
     pub value: Option<Str<'a>>,
 }
 
+/// A container's resources.
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourcesView<'a> {
-    #[serde(borrow, default)]
+    /// `limits`.
+    #[serde(borrow)]
     pub limits: Option<ResourceList<'a>>,
-    #[serde(borrow, default)]
+    /// `requests`.
+    #[serde(borrow)]
     pub requests: Option<ResourceList<'a>>,
 }
 
 /// The two resources the engine compares sizes with; the others are skipped.
 #[derive(Debug, Default, Deserialize)]
 pub struct ResourceList<'a> {
-    #[serde(borrow, default)]
+    /// `memory`.
+    #[serde(borrow)]
     pub memory: Option<QuantityText<'a>>,
-    #[serde(borrow, default, rename = "ephemeral-storage")]
+    /// `ephemeral-storage`.
+    #[serde(borrow, rename = "ephemeral-storage")]
     pub ephemeral_storage: Option<QuantityText<'a>>,
 }
 
@@ -206,6 +236,7 @@ impl<'a> PodView<'a> {
         }
     }
 
+    /// The pod's annotations, if it has any.
     pub fn annotations(&self) -> Option<&StrMap<'a>> {
         self.metadata.as_ref()?.annotations.as_ref()
     }
@@ -231,6 +262,7 @@ impl<'a> PodView<'a> {
             == Some("windows")
     }
 
+    /// `spec.containers` (empty when missing).
     pub fn containers(&self) -> &[ContainerView<'a>] {
         self.spec
             .as_ref()
@@ -238,6 +270,7 @@ impl<'a> PodView<'a> {
             .unwrap_or_default()
     }
 
+    /// `spec.initContainers` (empty when missing).
     pub fn init_containers(&self) -> &[ContainerView<'a>] {
         self.spec
             .as_ref()

@@ -13,20 +13,25 @@ pub struct Quantity {
     millis: u128,
 }
 
+/// A quantity that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid quantity {input:?}: {reason}")]
 pub struct QuantityError {
+    /// What was given.
     pub input: String,
+    /// What is wrong with it.
     pub reason: &'static str,
 }
 
 impl Quantity {
+    /// A whole number of bytes.
     pub fn from_bytes(bytes: u64) -> Self {
         Quantity {
             millis: u128::from(bytes) * 1000,
         }
     }
 
+    /// Whether it is zero.
     pub fn is_zero(self) -> bool {
         self.millis == 0
     }

@@ -20,14 +20,19 @@ use crate::{
     pod::{PodView, Str},
 };
 
+/// A body the webhook cannot answer with an AdmissionReview (the server sends 400).
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
+    /// Not an AdmissionReview (or a Pod CREATE whose object is not a pod).
     #[error("the body is not an AdmissionReview: {0}")]
     Malformed(serde_json::Error),
+    /// Not UTF-8.
     #[error("the body is not UTF-8 (JSON must be): {0}")]
     NotUtf8(std::str::Utf8Error),
+    /// No `request`.
     #[error("the AdmissionReview has no request")]
     NoRequest,
+    /// The response could not be written.
     #[error("failed to serialize the response: {0}")]
     Serialize(serde_json::Error),
 }
@@ -40,12 +45,7 @@ struct ReviewIn<'a, O> {
     api_version: &'a str,
     #[serde(borrow)]
     kind: &'a str,
-    #[serde(default = "none")]
     request: Option<RequestIn<'a, O>>,
-}
-
-fn none<T>() -> Option<T> {
-    None
 }
 
 #[derive(Deserialize)]
@@ -57,13 +57,12 @@ struct RequestIn<'a, O> {
     #[serde(borrow)]
     kind: Gvk<'a>,
     operation: Operation,
-    #[serde(borrow, default)]
+    #[serde(borrow)]
     sub_resource: Option<&'a str>,
-    #[serde(borrow, default)]
+    #[serde(borrow)]
     namespace: Option<Str<'a>>,
-    #[serde(default = "none")]
     object: Option<O>,
-    #[serde(default)]
+
     dry_run: Option<bool>,
 }
 

@@ -168,6 +168,7 @@ pub fn parse_size(field: &str, s: &str) -> Result<Quantity, Invalid> {
     Ok(q)
 }
 
+/// An absolute path below `/`, without `..`, `:` or NUL.
 pub fn mount_path(p: &str) -> Result<(), Invalid> {
     if !p.starts_with('/') {
         return bad(format!("mountPath {p:?} must be an absolute path"));
@@ -205,6 +206,7 @@ fn has_dot_dot(p: &str) -> bool {
     p.as_bytes().windows(2).any(|w| w == b"..") && p.split('/').any(|part| part == "..")
 }
 
+/// A relative path without `..`.
 pub fn sub_path(p: &str) -> Result<(), Invalid> {
     if p.starts_with('/') {
         return bad(format!("subPath {p:?} must be a relative path"));
@@ -232,6 +234,7 @@ pub fn dns_label(what: &str, s: &str) -> Result<(), Invalid> {
     }
 }
 
+/// A DNS-1123 subdomain (CSI driver, storage class and profile names).
 pub fn dns_subdomain(what: &str, s: &str) -> Result<(), Invalid> {
     let ok =
         !s.is_empty() && s.len() <= 253 && s.split('.').all(|part| dns_label(what, part).is_ok());
@@ -296,10 +299,12 @@ fn qualified_name(at: &str, key: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A profile name: a DNS-1123 subdomain.
 pub fn profile_name(s: &str) -> Result<(), Invalid> {
     dns_subdomain("profile name", s)
 }
 
+/// An environment variable name Kubernetes accepts.
 pub fn env_name(s: &str) -> Result<(), Invalid> {
     let mut bytes = s.bytes();
     let ok = matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_' || b == b'-' || b == b'.')

@@ -10,20 +10,37 @@ use crate::{
     pod::PodView,
 };
 
+/// An input `mutate` cannot preview.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
+    /// Not YAML or JSON.
     #[error("cannot parse the input as YAML or JSON: {0}")]
     Parse(String),
+    /// Not a Kubernetes object.
     #[error("the input is not a Kubernetes object (no apiVersion/kind)")]
     NotAnObject,
     #[error(
         "kind {0:?} is not supported: give a Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet"
     )]
+    /// A kind without a pod template the webhook knows.
     UnsupportedKind(String),
+    /// A workload without its pod template.
     #[error("{kind} has no pod template at {path}")]
-    NoTemplate { kind: String, path: String },
+    NoTemplate {
+        /// The kind.
+        kind: String,
+        /// Where the template should be.
+        path: String,
+    },
+    /// A pod (template) that is not a pod.
     #[error("the pod at {path} cannot be read: {message}")]
-    BadPod { path: String, message: String },
+    BadPod {
+        /// Where it is.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The patch does not apply to the object.
     #[error("the patch does not apply: {0}")]
     Apply(String),
 }

@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
+use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};

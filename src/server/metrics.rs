@@ -21,11 +21,6 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
-}
-
 /// A reload's outcome and, for a failure, why (`read`, `invalid`, `key-mismatch`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {

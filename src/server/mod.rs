@@ -8,17 +8,17 @@
 //!   reloads; [`cluster`]: the CSIDriver and StorageClass watches;
 //! - [`shutdown`]: signals and the drain; [`logging`]: the log writer; [`tls`]: certificates.
 
-pub mod admin;
-pub mod args;
-pub mod cluster;
-pub mod connection;
-pub mod listener;
+mod admin;
+mod args;
+mod cluster;
+mod connection;
+mod listener;
 mod logging;
-pub mod metrics;
-pub mod reload;
+mod metrics;
+mod reload;
 mod shutdown;
 pub mod tls;
-pub mod webhook;
+mod webhook;
 
 use std::{
     net::SocketAddr,
@@ -51,7 +51,7 @@ use self::{
 use crate::config::Config;
 
 /// Shared by every request; swapped pieces are behind `ArcSwap`.
-pub struct AppState {
+pub(crate) struct AppState {
     pub config: ArcSwap<Config>,
     pub metrics: Metrics,
     pub certs: Arc<CertStore>,
@@ -66,31 +66,45 @@ pub struct AppState {
     pub cluster_ready: AtomicBool,
 }
 
+/// Why `serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The configuration file.
     #[error("configuration {path}: {source}")]
     Config {
+        /// The file.
         path: String,
+        /// What is wrong with it.
         source: crate::config::ConfigError,
     },
+    /// The serving certificate.
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// An address to listen on.
     #[error("cannot bind {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// Why.
         source: std::io::Error,
     },
+    /// The CA file of the self-signed certificate.
     #[error("cannot write the CA certificate to {path}: {source}")]
     WriteCa {
+        /// The file.
         path: String,
+        /// Why.
         source: std::io::Error,
     },
+    /// The async runtime.
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    /// A flag.
     #[error("bad flag: {0}")]
     Flag(String),
 }
 
+/// Runs `serve` until SIGTERM or SIGINT; exits 2 if it cannot start.
 pub fn run(args: ServeArgs) -> ExitCode {
     if let Ok(mut g) = LOG_GUARD.lock() {
         *g = Some(init_logging(&args));

@@ -13,30 +13,45 @@ use rustls::{
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
+/// A certificate or key that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A file that cannot be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: String,
+        /// Why.
         source: std::io::Error,
     },
+    /// PEM that holds no usable certificate or key.
     #[error("{what}: {message}")]
-    Pem { what: &'static str, message: String },
+    Pem {
+        /// Which of the two.
+        what: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The key is not the certificate's.
     #[error("the private key does not match the certificate")]
     Mismatch,
+    /// The self-signed certificate.
     #[error("cannot generate a self-signed certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
 }
 
 /// A certificate chain and key, checked to belong together.
 pub struct Loaded {
+    /// The certificate chain and signing key, for rustls.
     pub key: Arc<CertifiedKey>,
     /// Unix time after which the leaf certificate is no longer valid.
     pub not_after: i64,
 }
 
+/// A certificate chain and its key from PEM, checked to belong together.
 pub fn load_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Loaded, TlsError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
@@ -72,11 +87,15 @@ pub fn load_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Loaded, TlsError> {
 
 /// A development CA and a serving certificate for localhost, made in memory.
 pub struct SelfSigned {
+    /// The CA certificate (give it to clients).
     pub ca_pem: String,
+    /// The serving certificate, signed by the CA.
     pub cert_pem: String,
+    /// The serving key.
     pub key_pem: String,
 }
 
+/// A CA and a serving certificate for these names, generated in memory.
 pub fn self_signed(names: &[&str]) -> Result<SelfSigned, TlsError> {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
@@ -116,12 +135,14 @@ pub struct CertStore {
 }
 
 impl CertStore {
+    /// A store serving this certificate.
     pub fn new(key: Arc<CertifiedKey>) -> Self {
         CertStore {
             current: ArcSwap::new(key),
         }
     }
 
+    /// Serves another certificate from the next handshake on.
     pub fn swap(&self, key: Arc<CertifiedKey>) {
         self.current.store(key);
     }
