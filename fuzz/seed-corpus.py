@@ -16,7 +16,7 @@ def put(kind, content):
         f.write(data)
 
 
-for path in glob.glob("tests/data/inputs/*"):
+for path in glob.glob("tests/golden/*/input.*"):
     obj = yaml.safe_load(open(path))
     if obj.get("kind") != "Pod":
         template = obj["spec"].get("template") or obj["spec"]["jobTemplate"]["spec"]["template"]

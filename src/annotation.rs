@@ -1,6 +1,6 @@
 //! The annotation grammar: one annotation value → one [`VolumeRequest`].
 //!
-//! Three forms share one set of field names (the README's "Asking for a volume"):
+//! Three forms share one set of field names (`docs/annotations.md`):
 //! a bare profile name, comma-separated `key=value` pairs, or a JSON object. Both structured
 //! forms go through the same field dispatcher, so a field means the same thing in either.
 

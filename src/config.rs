@@ -1,4 +1,4 @@
-//! The cluster-wide configuration file (the README's "Configuration"): parsed, validated whole, then compiled into a
+//! The cluster-wide configuration file (`docs/configuration.md`): parsed, validated whole, then compiled into a
 //! [`Config`] the engine reads without further checks.
 
 use std::{collections::BTreeMap, path::Path};

@@ -32,7 +32,7 @@ pub struct ServeArgs {
     /// Where the generated CA certificate is written when no certificate is given.
     #[arg(long, env = "EVI_CA_OUT")]
     pub ca_out: Option<PathBuf>,
-    /// Configuration file (YAML; see the README's Configuration); reloaded when it changes. Built-in defaults without it.
+    /// Configuration file (YAML; see docs/configuration.md); reloaded when it changes. Built-in defaults without it.
     #[arg(long, env = "EVI_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log format.
