@@ -72,8 +72,7 @@ fn resolve(
     }: Request,
 ) -> Result<Volume, Denial> {
     let at = origin.describe(&name);
-    let invalid = |m: String| Denial::new(DenyReason::Invalid, format!("{at}: {m}"));
-    let forbidden = |m: String| Denial::new(DenyReason::Policy, format!("{at}: {m}"));
+    let here = |(reason, m): (DenyReason, String)| Denial::new(reason, format!("{at}: {m}"));
     let checked = origin.is_annotation();
     let VolumeRequest {
         source,
@@ -82,27 +81,16 @@ fn resolve(
         mount,
     } = request;
 
-    let base = match source {
-        Requested::Profile(p) => {
-            let profile = profile(cfg, &p).map_err(invalid)?;
-            Base::Profile(p, profile)
-        }
-        Requested::Inline(source) => {
-            if checked {
-                policy::inline_allowed(&cfg.policy).map_err(forbidden)?;
-            }
-            Base::Inline(source)
-        }
-    };
+    let base = base(cfg, source, checked).map_err(here)?;
     let mount = match &base {
         Base::Profile(_, p) => mount.or(&p.mount),
         Base::Inline(_) => mount,
     };
     let Some(mount_path) = mount.mount_path else {
-        return Err(invalid(match &base {
+        return Err(here(invalid(match &base {
             Base::Profile(p, _) => format!("mountPath is required: profile {p:?} does not set one"),
             Base::Inline(_) => "mountPath is required".into(),
-        }));
+        })));
     };
     let (containers, init_containers) = targets::find(
         pod,
@@ -116,52 +104,21 @@ fn resolve(
     let from_request = size_from_request
         || (size.is_none() && matches!(base, Base::Profile(_, p) if p.size_from_request));
     let size = match from_request {
-        true => Some(targets::requested_size(pod, &containers, &init_containers).map_err(invalid)?),
+        true => Some(
+            targets::requested_size(pod, &containers, &init_containers)
+                .map_err(|m| here(invalid(m)))?,
+        ),
         false => size,
     };
-
-    let built = |source: Source, checks: Checks| {
-        sized(cfg, cluster, source, size.as_deref(), checks)
-            .map_err(|(reason, m)| Denial::new(reason, format!("{at}: {m}")))
-    };
-    let sized = match base {
-        // A profile used as is: its bytes were written when the configuration was loaded.
-        Base::Profile(_, p)
-            if size.is_none() && policy::default_size(&cfg.policy, &p.source).is_none() =>
-        {
-            Sized {
-                kind: p.compiled.kind,
-                json: p.compiled.json.clone(),
-                size: p.compiled.size,
-                medium: p.compiled.medium,
-                finding: cluster.and_then(|c| check(c, &p.source)),
-            }
-        }
-        // A profile's size may be overridden, within policy; its source is trusted.
-        Base::Profile(_, p) => built(
-            p.source.clone(),
-            Checks {
-                allowlists: false,
-                max_size: (checked && size.is_some()) || from_request,
-            },
-        )?,
-        Base::Inline(source) => built(
-            source,
-            Checks {
-                allowlists: checked,
-                max_size: checked || from_request,
-            },
-        )?,
-    };
+    let sized = build(cfg, cluster, base, size.as_deref(), checked, from_request).map_err(here)?;
 
     if sized.medium == Medium::Memory && pod.is_windows() {
-        return Err(Denial::new(
+        return Err(here((
             DenyReason::Conflict,
-            format!(
-                "{at}: a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); \
-                 use a disk emptyDir"
-            ),
-        ));
+            "a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); \
+             use a disk emptyDir"
+                .into(),
+        )));
     }
 
     Ok(Volume {
@@ -179,6 +136,74 @@ fn resolve(
         init_containers,
         cluster: sized.finding,
     })
+}
+
+fn invalid(m: String) -> (DenyReason, String) {
+    (DenyReason::Invalid, m)
+}
+
+/// The profile a request names (it must exist), or its own source (if policy allows one).
+fn base(cfg: &Config, source: Requested, checked: bool) -> Result<Base<'_>, (DenyReason, String)> {
+    match source {
+        Requested::Profile(p) => {
+            let profile = profile(cfg, &p).map_err(invalid)?;
+            Ok(Base::Profile(p, profile))
+        }
+        Requested::Inline(source) => {
+            if checked {
+                policy::inline_allowed(&cfg.policy).map_err(|m| (DenyReason::Policy, m))?;
+            }
+            Ok(Base::Inline(source))
+        }
+    }
+}
+
+/// The volume's source with its size: a profile's as loaded when nothing changes it, else
+/// built for this pod under the checks that apply (an annotation's own source is held to
+/// every allowlist; a size an annotation chose, or one taken from the pod, to `maxSize`).
+fn build(
+    cfg: &Config,
+    cluster: Option<&ClusterState>,
+    base: Base<'_>,
+    size: Option<&str>,
+    checked: bool,
+    from_request: bool,
+) -> Result<Sized, (DenyReason, String)> {
+    match base {
+        // Used as is: its bytes were written when the configuration was loaded.
+        Base::Profile(_, p)
+            if size.is_none() && policy::default_size(&cfg.policy, &p.source).is_none() =>
+        {
+            Ok(Sized {
+                kind: p.compiled.kind,
+                json: p.compiled.json.clone(),
+                size: p.compiled.size,
+                medium: p.compiled.medium,
+                finding: cluster.and_then(|c| check(c, &p.source)),
+            })
+        }
+        // A profile's size may be overridden, within policy; its source is trusted.
+        Base::Profile(_, p) => sized(
+            cfg,
+            cluster,
+            p.source.clone(),
+            size,
+            Checks {
+                allowlists: false,
+                max_size: (checked && size.is_some()) || from_request,
+            },
+        ),
+        Base::Inline(source) => sized(
+            cfg,
+            cluster,
+            source,
+            size,
+            Checks {
+                allowlists: checked,
+                max_size: checked || from_request,
+            },
+        ),
+    }
 }
 
 /// A profile of the configuration, or an error listing those there are.
