@@ -71,8 +71,9 @@ fn resolve(
         request,
     }: Request,
 ) -> Result<Volume, Denial> {
-    let at = origin.describe(&name);
-    let here = |(reason, m): (DenyReason, String)| Denial::new(reason, format!("{at}: {m}"));
+    // Where the request came from, written out only for a message.
+    let at = || origin.describe(&name);
+    let here = |(reason, m): (DenyReason, String)| Denial::new(reason, format!("{}: {m}", at()));
     let checked = origin.is_annotation();
     let VolumeRequest {
         source,

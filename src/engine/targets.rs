@@ -30,7 +30,7 @@ pub(super) fn find(
     pod: &PodView,
     containers: Option<&[String]>,
     init: Option<&InitTargets>,
-    at: &str,
+    at: &dyn Fn() -> String,
 ) -> Result<(Targets, Targets), Denial> {
     let positions = |list: &[ContainerView], names: &[String], what: &str| {
         names
@@ -41,7 +41,8 @@ pub(super) fn find(
                     Denial::new(
                         DenyReason::Conflict,
                         format!(
-                            "{at}: {what} {n:?} is not in the pod ({what}s: {})",
+                            "{}: {what} {n:?} is not in the pod ({what}s: {})",
+                            at(),
                             present.join(", ")
                         ),
                     )
