@@ -1,6 +1,6 @@
 //! JSON Patch (RFC 6902): the operations the webhook writes, and the values it writes in them.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -108,14 +108,14 @@ pub struct Volume {
     /// The source's field: `emptyDir`, `csi` or `ephemeral`.
     pub kind: VolumeKind,
     /// The source object.
-    pub source: Box<RawValue>,
+    pub source: Arc<RawValue>,
 }
 
 impl Serialize for Volume {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry(self.kind.as_str(), &self.source)?;
+        m.serialize_entry(self.kind.as_str(), &*self.source)?;
         m.serialize_entry("name", &self.name)?;
         m.end()
     }

@@ -3,7 +3,7 @@
 //! compilation). Nothing here parses an annotation ([`crate::annotation`]) or decides for a pod
 //! ([`crate::engine`]).
 
-use std::{fmt, str::FromStr};
+use std::{fmt, str::FromStr, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::{CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource},
@@ -167,13 +167,15 @@ impl Source {
         }
     }
 
-    /// The source object as JSON, written as k8s-openapi writes it.
-    pub fn to_json(&self) -> Result<Box<RawValue>, serde_json::Error> {
+    /// The source object as JSON, written as k8s-openapi writes it (shared: the plan and the
+    /// patch hold the same bytes).
+    pub fn to_json(&self) -> Result<Arc<RawValue>, serde_json::Error> {
         match self {
             Source::EmptyDir(e) => serde_json::value::to_raw_value(e),
             Source::Csi(c) => serde_json::value::to_raw_value(c),
             Source::Ephemeral(e) => serde_json::value::to_raw_value(e),
         }
+        .map(Arc::from)
     }
 
     /// The source as a patch carries it, with its size: computed once per load for profiles.
@@ -280,7 +282,7 @@ pub struct CompiledSource {
     /// The source's kind.
     pub kind: VolumeKind,
     /// The source object: the value of the volume's `emptyDir`, `csi` or `ephemeral` field.
-    pub json: Box<RawValue>,
+    pub json: Arc<RawValue>,
     /// The size the source asks for, if any.
     pub size: Option<Quantity>,
     /// Where an emptyDir lives.

@@ -2,6 +2,8 @@
 //! size (given, taken from the pod, or the policy's default), the policy limits, the containers
 //! it goes to, and what the cluster checks say of it.
 
+use std::sync::Arc;
+
 use serde_json::value::RawValue;
 
 use super::{
@@ -24,7 +26,7 @@ pub(super) struct Volume {
     pub origin: Origin,
     pub kind: VolumeKind,
     /// The source object as the patch carries it.
-    pub source: Box<RawValue>,
+    pub source: Arc<RawValue>,
     pub size: Option<Quantity>,
     pub medium: Medium,
     pub mount_path: String,
@@ -231,7 +233,7 @@ enum Base<'c> {
 /// The source with its size, as the patch will carry it.
 struct Sized {
     kind: VolumeKind,
-    json: Box<RawValue>,
+    json: Arc<RawValue>,
     size: Option<Quantity>,
     medium: Medium,
     finding: Option<Finding>,

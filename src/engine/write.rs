@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::plan::{Additions, Metadata, Plan, annotation_map};
+use super::plan::{Additions, ContainerChanges, Metadata, Plan, annotation_map};
 use crate::{
     decision::{Denial, DenyReason},
     patch::{MetadataWith, Patch},
@@ -13,49 +13,80 @@ use crate::{
 /// Writes the plan for the pod at `pointer` in the patched object.
 pub(super) fn write(pointer: &str, plan: &Plan) -> Result<Patch, Denial> {
     let mut patch = Patch::with_capacity(512 * plan.volumes.items.len() + 256);
-    add_all(
-        &mut patch,
-        &format!("{pointer}/spec/volumes"),
-        &plan.volumes,
-    )?;
-    let container = |c: &super::plan::ContainerChanges, leaf: &str| {
-        format!("{pointer}/spec/{}/{}/{leaf}", c.list.field(), c.index)
-    };
+    let mut path = Pointer::new(pointer);
+    add_all(&mut patch, path.at("/spec/volumes"), &plan.volumes)?;
     for c in &plan.containers {
-        add_all(&mut patch, &container(c, "volumeMounts"), &c.mounts)?;
+        add_all(&mut patch, path.container(c, "volumeMounts"), &c.mounts)?;
     }
     for c in &plan.containers {
-        add_all(&mut patch, &container(c, "env"), &c.env)?;
+        add_all(&mut patch, path.container(c, "env"), &c.env)?;
     }
     if !plan.annotations.is_empty() {
-        let metadata = format!("{pointer}/metadata");
         let all = annotation_map(&plan.annotations);
         match plan.metadata {
-            Metadata::Missing => add(&mut patch, &metadata, &MetadataWith { annotations: &all }),
-            Metadata::NoAnnotations => add(&mut patch, &format!("{metadata}/annotations"), &all),
-            Metadata::Annotations => plan.annotations.iter().try_for_each(|a| {
-                add(
-                    &mut patch,
-                    &format!("{metadata}/annotations/{}", a.token),
-                    &a.value,
-                )
-            }),
-        }?;
+            Metadata::Missing => add(
+                &mut patch,
+                path.at("/metadata"),
+                &MetadataWith { annotations: &all },
+            )?,
+            Metadata::NoAnnotations => add(&mut patch, path.at("/metadata/annotations"), &all)?,
+            Metadata::Annotations => {
+                for a in &plan.annotations {
+                    let at = path.at("/metadata/annotations/");
+                    at.push_str(&a.token);
+                    add(&mut patch, at, &a.value)?;
+                }
+            }
+        }
     }
     Ok(patch)
 }
 
-/// The items of an array: the whole array when it is missing, else one append each.
+/// The JSON pointers of one patch, written in one buffer: the pod's pointer, then the rest.
+struct Pointer {
+    buf: String,
+    base: usize,
+}
+
+impl Pointer {
+    fn new(pod: &str) -> Pointer {
+        let mut buf = String::with_capacity(pod.len() + 64);
+        buf.push_str(pod);
+        Pointer {
+            base: buf.len(),
+            buf,
+        }
+    }
+
+    /// The pod's pointer followed by `rest`.
+    fn at(&mut self, rest: &str) -> &mut String {
+        self.buf.truncate(self.base);
+        self.buf.push_str(rest);
+        &mut self.buf
+    }
+
+    /// `/spec/<list>/<index>/<leaf>` of one container.
+    fn container(&mut self, c: &ContainerChanges, leaf: &str) -> &mut String {
+        use std::fmt::Write as _;
+        let buf = self.at("/spec/");
+        // Writing into a String cannot fail.
+        let _ = write!(buf, "{}/{}/{leaf}", c.list.field(), c.index);
+        buf
+    }
+}
+
+/// The items of an array at `path`: the whole array when it is missing, else one append
+/// (`path` + `/-`) each.
 fn add_all<T: Serialize>(
     patch: &mut Patch,
-    path: &str,
+    path: &mut String,
     additions: &Additions<T>,
 ) -> Result<(), Denial> {
     match (additions.items.as_slice(), additions.exists) {
         ([], _) => Ok(()),
         (items, true) => {
-            let append = format!("{path}/-");
-            items.iter().try_for_each(|item| add(patch, &append, item))
+            path.push_str("/-");
+            items.iter().try_for_each(|item| add(patch, path, item))
         }
         (items, false) => add(patch, path, items),
     }
@@ -77,13 +108,15 @@ mod tests {
 
     use super::*;
     use crate::{
-        engine::plan::{Additions, Annotation, ContainerChanges, ContainerList},
+        engine::plan::{Annotation, ContainerList},
         patch::{EnvVar, Volume, VolumeMount},
         volume::VolumeKind,
     };
 
     fn plan(exists: bool, metadata: Metadata) -> Plan {
-        let source = serde_json::value::to_raw_value(&json!({"sizeLimit": "1Gi"})).unwrap();
+        let source = serde_json::value::to_raw_value(&json!({"sizeLimit": "1Gi"}))
+            .unwrap()
+            .into();
         let additions = |items| Additions { exists, items };
         Plan {
             volumes: additions(vec![Volume {
