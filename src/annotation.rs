@@ -299,7 +299,20 @@ impl<'a> Raw<'a> {
         Ok(())
     }
 
-    fn build(self) -> Result<VolumeRequest, Invalid> {
+    fn build(mut self) -> Result<VolumeRequest, Invalid> {
+        self.one_source()?;
+        let (source, size) = self.source()?;
+        let mount = self.mount()?;
+        Ok(VolumeRequest {
+            source,
+            size,
+            size_from_request: self.size_request,
+            mount,
+        })
+    }
+
+    /// Exactly one of profile, type, emptyDir, csi, ephemeral.
+    fn one_source(&self) -> Result<(), Invalid> {
         let given = [
             ("profile", self.profile.is_some()),
             ("type", self.kind.is_some()),
@@ -307,45 +320,45 @@ impl<'a> Raw<'a> {
             ("csi", self.csi.is_some()),
             ("ephemeral", self.ephemeral.is_some()),
         ];
-        match given.iter().filter(|(_, g)| *g).count() {
+        let many: Vec<&str> = given.iter().filter_map(|(n, g)| g.then_some(*n)).collect();
+        match many.len() {
             0 => {
-                return bad(
-                    "no volume source: give exactly one of profile, type, emptyDir, csi, ephemeral",
-                );
+                bad("no volume source: give exactly one of profile, type, emptyDir, csi, ephemeral")
             }
-            1 => {}
-            _ => {
-                let many: Vec<&str> = given.iter().filter_map(|(n, g)| g.then_some(*n)).collect();
-                return bad(format!(
-                    "{} are given together; give exactly one volume source",
-                    many.join(" and ")
-                ));
-            }
+            1 => Ok(()),
+            _ => bad(format!(
+                "{} are given together; give exactly one volume source",
+                many.join(" and ")
+            )),
         }
+    }
+
+    /// The source (a profile with its size override, or a validated inline source), with the
+    /// first shorthand written that does not apply to it refused.
+    fn source(&self) -> Result<(Requested, Option<String>), Invalid> {
         let only = |fit: Fit, context: &dyn Fn() -> String| -> Result<(), Invalid> {
             match self.misfits[fit as usize] {
                 Some(s) => bad(format!("{s} does not apply to {}", context())),
                 None => Ok(()),
             }
         };
-
-        let mut size_override = None;
-        let source = if let Some(profile) = self.profile {
+        if let Some(profile) = self.profile {
             only(Fit::Profile, &|| {
                 format!("profile={profile}: a profile fixes the volume source")
             })?;
             if let Some(s) = self.size {
                 parse_size("size", s)?;
-                size_override = Some(s.to_owned());
             }
-            Requested::Profile(profile.to_owned())
-        } else if let Some(kind) = self.kind {
-            Requested::Inline(self.shorthand_source(kind, &only)?)
+            let size = self.size.map(str::to_owned);
+            return Ok((Requested::Profile(profile.to_owned()), size));
+        }
+        let source = if let Some(kind) = self.kind {
+            self.shorthand_source(kind, &only)?
         } else {
             only(Fit::Json, &|| {
                 "a volume given as a JSON object; put it inside the object".to_owned()
             })?;
-            Requested::Inline(if let Some(v) = self.empty_dir {
+            if let Some(v) = self.empty_dir {
                 Source::EmptyDir(from_json_strict("emptyDir", v)?)
             } else if let Some(v) = self.csi {
                 Source::Csi(from_json_strict("csi", v)?)
@@ -353,15 +366,17 @@ impl<'a> Raw<'a> {
                 Source::Ephemeral(Box::new(from_json_strict("ephemeral", v)?))
             } else {
                 return bad("no volume source");
-            })
-        };
-        if let Requested::Inline(source) = &source {
-            if self.size_request && source.kind() == VolumeKind::Csi {
-                return bad("size=request does not apply to a CSI inline volume");
             }
-            source.validate(self.size_request)?;
+        };
+        if self.size_request && source.kind() == VolumeKind::Csi {
+            return bad("size=request does not apply to a CSI inline volume");
         }
+        source.validate(self.size_request)?;
+        Ok((Requested::Inline(source), None))
+    }
 
+    /// The mount fields, each checked and taken; the mount path written in its one spelling.
+    fn mount(&mut self) -> Result<Mount, Invalid> {
         if let Some(p) = self.mount_path {
             validate::mount_path(p)?;
         }
@@ -379,18 +394,13 @@ impl<'a> Raw<'a> {
         for e in self.env.iter().flatten() {
             validate::env_name(e)?;
         }
-        Ok(VolumeRequest {
-            source,
-            size: size_override,
-            size_from_request: self.size_request,
-            mount: Mount {
-                mount_path: self.mount_path.map(validate::normalize_path),
-                read_only: self.read_only,
-                sub_path: self.sub_path.map(str::to_owned),
-                containers: self.containers,
-                init_containers: self.init_containers,
-                env: self.env,
-            },
+        Ok(Mount {
+            mount_path: self.mount_path.map(validate::normalize_path),
+            read_only: self.read_only,
+            sub_path: self.sub_path.map(str::to_owned),
+            containers: self.containers.take(),
+            init_containers: self.init_containers.take(),
+            env: self.env.take(),
         })
     }
 
