@@ -324,77 +324,89 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
     let mut cfg = Config::with_prefix(&prefix);
     cfg.on_error = file.on_error.unwrap_or_default();
     cfg.cluster_checks = file.cluster_checks.unwrap_or_default();
-
     for (name, value) in &file.profiles {
-        let at = format!("profiles.{name}");
-        if let Err(e) = validate::profile_name(name) {
-            errors.push(format!("{at}: {e}"));
-            continue;
-        }
-        match VolumeRequest::from_json(value).and_then(Profile::compile) {
-            Ok(profile) => {
-                cfg.profiles.insert(name.clone(), profile);
-            }
-            Err(e) => errors.push(format!("{at}: {e}")),
+        if let Some(profile) = compile_profile(name, value, &mut errors) {
+            cfg.profiles.insert(name.clone(), profile);
         }
     }
-
     cfg.policy = compile_policy(file.policy, &mut errors);
-
     for (i, rule) in file.rules {
-        let at = format!("rules[{i}] ({})", rule.name);
-        let selector = match rule.pod_selector.as_ref().map(Selector::from_json) {
-            Some(Ok(s)) => Some(s),
-            Some(Err(e)) => {
-                errors.push(format!("{at}.podSelector: {e}"));
-                None
-            }
-            None => None,
-        };
-        let mut volumes = BTreeMap::new();
-        for (vol, value) in rule.volumes {
-            let vat = format!("{at}.volumes.{vol}");
-            if let Err(e) = validate::dns_label("volume name", &vol) {
-                errors.push(format!("{vat}: {e}"));
-                continue;
-            }
-            let parsed = match &value {
-                Value::String(s) => s.parse::<VolumeRequest>(),
-                other => VolumeRequest::from_json(other),
-            };
-            match parsed {
-                Ok(req) => {
-                    if let Requested::Profile(p) = &req.source
-                        && !cfg.profiles.contains_key(p)
-                        && !file.profiles.contains_key(p)
-                    {
-                        errors.push(format!(
-                            "{vat}: profile {p:?} is not defined under profiles"
-                        ));
-                    }
-                    volumes.insert(vol, req);
-                }
-                Err(e) => errors.push(format!("{vat}: {e}")),
-            }
-        }
-        for ns in rule.namespaces.iter().flatten() {
-            if let Err(e) = validate::dns_label("namespace", ns) {
-                errors.push(format!("{at}.namespaces: {e}"));
-            }
-        }
-        check_rule(&cfg, &at, &rule.namespaces, &volumes, &mut errors);
-        cfg.rules.push(Rule {
-            name: rule.name,
-            namespaces: rule.namespaces,
-            selector,
-            volumes,
-        });
+        // A profile that failed to compile is reported where it is defined, not again here.
+        let defined = |p: &str| cfg.profiles.contains_key(p) || file.profiles.contains_key(p);
+        let rule = compile_rule(i, rule, &defined, &mut errors);
+        check_rule(
+            &cfg,
+            &format!("rules[{i}] ({})", rule.name),
+            &rule.namespaces,
+            &rule.volumes,
+            &mut errors,
+        );
+        cfg.rules.push(rule);
     }
-
     if errors.is_empty() {
         Ok(cfg)
     } else {
         Err(ConfigError::Invalid(errors))
+    }
+}
+
+/// One profile, or its errors under `profiles.<name>`.
+fn compile_profile(name: &str, value: &Value, errors: &mut Vec<String>) -> Option<Profile> {
+    let compiled = validate::profile_name(name)
+        .and_then(|()| VolumeRequest::from_json(value))
+        .and_then(Profile::compile);
+    compiled
+        .map_err(|e| errors.push(format!("profiles.{name}: {e}")))
+        .ok()
+}
+
+/// One rule: its selector, volumes and namespaces read, each error under `rules[i] (name)`.
+fn compile_rule(
+    i: usize,
+    rule: FileRule,
+    defined: &dyn Fn(&str) -> bool,
+    errors: &mut Vec<String>,
+) -> Rule {
+    let at = format!("rules[{i}] ({})", rule.name);
+    let selector = rule
+        .pod_selector
+        .as_ref()
+        .map(Selector::from_json)
+        .transpose()
+        .map_err(|e| errors.push(format!("{at}.podSelector: {e}")))
+        .ok()
+        .flatten();
+    let mut volumes = BTreeMap::new();
+    for (vol, value) in rule.volumes {
+        let vat = format!("{at}.volumes.{vol}");
+        let parsed = validate::dns_label("volume name", &vol).and_then(|()| match &value {
+            Value::String(s) => s.parse::<VolumeRequest>(),
+            other => VolumeRequest::from_json(other),
+        });
+        match parsed {
+            Ok(req) => {
+                if let Requested::Profile(p) = &req.source
+                    && !defined(p)
+                {
+                    errors.push(format!(
+                        "{vat}: profile {p:?} is not defined under profiles"
+                    ));
+                }
+                volumes.insert(vol, req);
+            }
+            Err(e) => errors.push(format!("{vat}: {e}")),
+        }
+    }
+    for ns in rule.namespaces.iter().flatten() {
+        if let Err(e) = validate::dns_label("namespace", ns) {
+            errors.push(format!("{at}.namespaces: {e}"));
+        }
+    }
+    Rule {
+        name: rule.name,
+        namespaces: rule.namespaces,
+        selector,
+        volumes,
     }
 }
 
