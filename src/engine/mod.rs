@@ -2,12 +2,12 @@
 //! [`Decision`]. Pure: no I/O, no clock, no logging.
 //!
 //! Planning, then writing:
-//! - [`request`] collects what the pod asks for (its annotations, then the matching rules);
-//! - [`resolve`] turns each request into a volume to add: profile defaults, size, the
-//!   [`policy`] limits, the containers it [`targets`], the cluster checks;
-//! - [`plan`] sets the volumes against the pod ([`existing`] compares with what it has) and
+//! - `request` collects what the pod asks for (its annotations, then the matching rules);
+//! - `resolve` turns each request into a volume to add: profile defaults, size, the
+//!   `policy` limits, the containers it `targets`, the cluster checks;
+//! - `plan` sets the volumes against the pod (`existing` compares with what it has) and
 //!   decides every change and warning;
-//! - [`write`] turns the plan into a JSON Patch, knowing nothing of policy.
+//! - `write` turns the plan into a JSON Patch, knowing nothing of policy.
 
 mod existing;
 mod plan;

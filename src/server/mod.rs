@@ -1,12 +1,12 @@
 //! `serve`: the HTTPS webhook, the plain-HTTP admin port, hot reload and graceful shutdown.
 //!
-//! - [`args`]: the flags, and the durations made of them;
-//! - [`listener`]: the ports, their connection caps, TLS; [`connection`]: one connection's
+//! - `args`: the flags, and the durations made of them;
+//! - `listener`: the ports, their connection caps, TLS; `connection`: one connection's
 //!   timeouts (headers, body, idle HTTP/1.1 and HTTP/2);
-//! - [`webhook`]: `POST /mutate`; [`admin`]: `/healthz`, `/readyz`, `/metrics`;
-//! - [`metrics`]: every metric, defined once; [`reload`]: certificate and configuration
-//!   reloads; [`cluster`]: the CSIDriver and StorageClass watches;
-//! - [`shutdown`]: signals and the drain; [`logging`]: the log writer; [`tls`]: certificates.
+//! - `webhook`: `POST /mutate`; `admin`: `/healthz`, `/readyz`, `/metrics`;
+//! - `metrics`: every metric, defined once; `reload`: certificate and configuration
+//!   reloads; `cluster`: the CSIDriver and StorageClass watches;
+//! - `shutdown`: signals and the drain; `logging`: the log writer; [`tls`]: certificates.
 
 mod admin;
 mod args;
