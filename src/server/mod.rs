@@ -144,21 +144,7 @@ pub async fn serve(
     let (config, loaded_config) = initial_config(&args)?;
     let (loaded, loaded_cert) = initial_certificate(&args)?;
 
-    // Cluster access is optional: a bad --kubeconfig stops the start (it was asked for), a
-    // missing in-cluster credential only turns the checks off.
-    let client = match cluster::client(args.kubeconfig.as_deref()).await {
-        Ok(c) => c,
-        Err(e @ cluster::ClusterAccessError::Kubeconfig { .. }) => {
-            return Err(ServeError::Flag(e.to_string()));
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cluster checks off: cannot reach the API server");
-            None
-        }
-    };
-    if client.is_none() {
-        tracing::info!("cluster checks off: no --kubeconfig and not running in a cluster");
-    }
+    let client = cluster_client(&args).await?;
     let watch = client
         .as_ref()
         .map(|_| Arc::new(cluster::ClusterWatch::new()));
@@ -247,6 +233,25 @@ pub async fn serve(
     shutdown::drain(&state, listener, &webhook_port, stop_webhook, &timing).await;
     shutdown::close_admin(stop_admin, admin_task, admin_port).await;
     Ok(())
+}
+
+/// The client for the cluster checks. Cluster access is optional: a bad `--kubeconfig` stops
+/// the start (it was asked for), a missing in-cluster credential only turns the checks off.
+async fn cluster_client(args: &ServeArgs) -> Result<Option<kube::Client>, ServeError> {
+    match cluster::client(args.kubeconfig.as_deref()).await {
+        Ok(Some(c)) => Ok(Some(c)),
+        Ok(None) => {
+            tracing::info!("cluster checks off: no --kubeconfig and not running in a cluster");
+            Ok(None)
+        }
+        Err(e @ cluster::ClusterAccessError::Kubeconfig { .. }) => {
+            Err(ServeError::Flag(e.to_string()))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster checks off: cannot reach the API server");
+            Ok(None)
+        }
+    }
 }
 
 /// The configuration to start with (the built-in default without `--config`), and its bytes
