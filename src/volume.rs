@@ -192,86 +192,89 @@ impl Source {
     /// `sized_later`: the size comes from the pod (`size=request`), so a PVC may have none yet.
     pub fn validate(&self, sized_later: bool) -> Result<(), Invalid> {
         match self {
-            Source::EmptyDir(e) => {
-                if let Some(m) = &e.medium
-                    && !(m.is_empty()
-                        || m == "Memory"
-                        || m == "HugePages"
-                        || m.starts_with("HugePages-"))
-                {
-                    return bad(format!(
-                        "medium {m:?} is not one of \"\" (node disk), Memory, HugePages"
-                    ));
-                }
-                if let Some(q) = &e.size_limit {
-                    validate::parse_size("size", &q.0)?;
-                }
-                Ok(())
-            }
-            Source::Csi(c) => {
-                if c.driver.trim().is_empty() {
-                    return bad("csi.driver is empty");
-                }
-                if c.driver.len() > 63 {
-                    return bad(format!(
-                        "CSI driver {:?} is longer than 63 characters",
-                        c.driver
-                    ));
-                }
-                validate::dns_subdomain("CSI driver", &c.driver)?;
-                if let Some(r) = &c.node_publish_secret_ref {
-                    validate::dns_subdomain("csi.nodePublishSecretRef.name", &r.name)?;
-                }
-                Ok(())
-            }
-            Source::Ephemeral(e) => {
-                let Some(t) = &e.volume_claim_template else {
-                    return bad("ephemeral.volumeClaimTemplate is required");
-                };
-                let spec = &t.spec;
-                let modes = spec.access_modes.as_deref().unwrap_or_default();
-                if modes.is_empty() {
-                    return bad("ephemeral.volumeClaimTemplate.spec.accessModes is required");
-                }
-                if let Some(m) = modes.iter().find(|m| !ACCESS_MODES.contains(&m.as_str())) {
-                    return bad(format!(
-                        "accessMode {m:?} is not one of {}",
-                        ACCESS_MODES.join(", ")
-                    ));
-                }
-                if let Some(meta) = &t.metadata {
-                    validate::template_metadata(meta)?;
-                }
-                match spec.volume_mode.as_deref() {
-                    None | Some("Filesystem") => {}
-                    Some("Block") => {
-                        return bad(
-                            "volumeMode Block cannot be mounted at a mountPath; use Filesystem",
-                        );
-                    }
-                    Some(other) => {
-                        return bad(format!(
-                            "volumeMode {other:?} is not Filesystem (the only mode a mountPath can use)"
-                        ));
-                    }
-                }
-                if let Some(sc) = &spec.storage_class_name {
-                    validate::dns_subdomain("storageClass", sc)?;
-                }
-                let storage = spec
-                    .resources
-                    .as_ref()
-                    .and_then(|r| r.requests.as_ref())
-                    .and_then(|r| r.get("storage"));
-                match storage {
-                    Some(q) => validate::parse_size("size", &q.0).map(|_| ()),
-                    None if sized_later => Ok(()),
-                    None => bad(
-                        "ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required",
-                    ),
-                }
-            }
+            Source::EmptyDir(e) => validate_empty_dir(e),
+            Source::Csi(c) => validate_csi(c),
+            Source::Ephemeral(e) => validate_ephemeral(e, sized_later),
         }
+    }
+}
+
+/// An emptyDir: a medium the kubelet knows, a size that parses.
+fn validate_empty_dir(e: &EmptyDirVolumeSource) -> Result<(), Invalid> {
+    if let Some(m) = &e.medium
+        && !(m.is_empty() || m == "Memory" || m == "HugePages" || m.starts_with("HugePages-"))
+    {
+        return bad(format!(
+            "medium {m:?} is not one of \"\" (node disk), Memory, HugePages"
+        ));
+    }
+    if let Some(q) = &e.size_limit {
+        validate::parse_size("size", &q.0)?;
+    }
+    Ok(())
+}
+
+/// A CSI inline volume: a driver name the API server accepts, a Secret name if one is given.
+fn validate_csi(c: &CSIVolumeSource) -> Result<(), Invalid> {
+    if c.driver.trim().is_empty() {
+        return bad("csi.driver is empty");
+    }
+    if c.driver.len() > 63 {
+        return bad(format!(
+            "CSI driver {:?} is longer than 63 characters",
+            c.driver
+        ));
+    }
+    validate::dns_subdomain("CSI driver", &c.driver)?;
+    if let Some(r) = &c.node_publish_secret_ref {
+        validate::dns_subdomain("csi.nodePublishSecretRef.name", &r.name)?;
+    }
+    Ok(())
+}
+
+/// A generic ephemeral volume: a claim template the API server accepts and a pod can mount at a
+/// path (access modes, Filesystem mode, a storage class name, a size unless it comes later).
+fn validate_ephemeral(e: &EphemeralVolumeSource, sized_later: bool) -> Result<(), Invalid> {
+    let Some(t) = &e.volume_claim_template else {
+        return bad("ephemeral.volumeClaimTemplate is required");
+    };
+    let spec = &t.spec;
+    let modes = spec.access_modes.as_deref().unwrap_or_default();
+    if modes.is_empty() {
+        return bad("ephemeral.volumeClaimTemplate.spec.accessModes is required");
+    }
+    if let Some(m) = modes.iter().find(|m| !ACCESS_MODES.contains(&m.as_str())) {
+        return bad(format!(
+            "accessMode {m:?} is not one of {}",
+            ACCESS_MODES.join(", ")
+        ));
+    }
+    if let Some(meta) = &t.metadata {
+        validate::template_metadata(meta)?;
+    }
+    match spec.volume_mode.as_deref() {
+        None | Some("Filesystem") => {}
+        Some("Block") => {
+            return bad("volumeMode Block cannot be mounted at a mountPath; use Filesystem");
+        }
+        Some(other) => {
+            return bad(format!(
+                "volumeMode {other:?} is not Filesystem (the only mode a mountPath can use)"
+            ));
+        }
+    }
+    if let Some(sc) = &spec.storage_class_name {
+        validate::dns_subdomain("storageClass", sc)?;
+    }
+    let storage = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"));
+    match storage {
+        Some(q) => validate::parse_size("size", &q.0).map(|_| ()),
+        None if sized_later => Ok(()),
+        None => bad("ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required"),
     }
 }
 

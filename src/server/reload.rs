@@ -122,88 +122,223 @@ fn read_pair(cert: &Path, key: &Path) -> std::io::Result<Vec<u8>> {
 
 fn check(state: &AppState, watched: &Watched, seen: &mut Seen) {
     if let Some((cert, key)) = &watched.cert {
-        match read_pair(cert, key) {
-            Err(e) if !seen.cert_unreadable => {
+        check_certificate(state, cert, key, seen);
+    }
+    if let Some(path) = &watched.config {
+        check_config(state, path, seen);
+    }
+}
+
+/// One look at the certificate pair: a new pair that loads replaces the old one; one that does
+/// not is counted and logged once, and the old one stays in force.
+fn check_certificate(state: &AppState, cert: &Path, key: &Path, seen: &mut Seen) {
+    let bytes = match read_pair(cert, key) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            if !seen.cert_unreadable {
                 seen.cert_unreadable = true;
                 count(&state.metrics.cert_reloads, "failure", "read");
                 tracing::warn!(cert = %cert.display(), key = %key.display(), error = %e, "cannot read the certificate or key; the old one stays in force");
             }
-            Err(_) => {}
-            Ok(_) => seen.cert_unreadable = false,
+            return;
         }
+    };
+    seen.cert_unreadable = false;
+    if seen.cert.as_ref() == Some(&bytes) {
+        return;
     }
-    if let Some((cert, key)) = &watched.cert
-        && let Ok(bytes) = read_pair(cert, key)
-        && seen.cert.as_ref() != Some(&bytes)
-    {
-        // Loaded from the very bytes compared: PEM never holds the NUL that separates them.
-        let split = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-        let (cert_pem, key_pem) = bytes.split_at(split);
-        match tls::load_pem(cert_pem, key_pem.get(1..).unwrap_or_default()) {
-            Ok(loaded) => {
-                state.certs.swap(loaded.key);
-                state.metrics.cert_not_after.set(loaded.not_after);
-                count(&state.metrics.cert_reloads, "success", "");
-                tracing::info!(cert = %cert.display(), not_after = loaded.not_after, "serving certificate reloaded");
-                seen.cert = Some(bytes);
-                seen.mismatch = None;
-            }
-            // Half of a plain rewrite gets one more look (the next event or poll); the same
-            // pair still disagreeing then, or at once in the kubelet's atomic layout, is a
-            // failure.
-            Err(tls::TlsError::Mismatch)
-                if !kubelet_layout(cert) && seen.mismatch.as_ref() != Some(&bytes) =>
-            {
-                tracing::debug!("certificate and key disagree; waiting for the other file");
-                seen.mismatch = Some(bytes);
-            }
-            Err(e) => {
-                let reason = match e {
-                    tls::TlsError::Mismatch => "key-mismatch",
-                    _ => "invalid",
-                };
-                count(&state.metrics.cert_reloads, "failure", reason);
-                tracing::error!(cert = %cert.display(), reason, error = %e, "new certificate refused; the old one stays in force");
-                seen.cert = Some(bytes);
-                seen.mismatch = None;
-            }
+    // Loaded from the very bytes compared: PEM never holds the NUL that separates them.
+    let split = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    let (cert_pem, key_pem) = bytes.split_at(split);
+    match tls::load_pem(cert_pem, key_pem.get(1..).unwrap_or_default()) {
+        Ok(loaded) => {
+            state.certs.swap(loaded.key);
+            state.metrics.cert_not_after.set(loaded.not_after);
+            count(&state.metrics.cert_reloads, "success", "");
+            tracing::info!(cert = %cert.display(), not_after = loaded.not_after, "serving certificate reloaded");
+            seen.cert = Some(bytes);
+            seen.mismatch = None;
         }
-    }
-    if let Some(path) = &watched.config {
-        let bytes = std::fs::read(path);
-        // A plain rewrite truncates before it writes; an empty file seen in between would
-        // silently mean "defaults". Wait for content (write `{}` to mean defaults).
-        if bytes
-            .as_ref()
-            .is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace))
+        // Half of a plain rewrite gets one more look (the next event or poll); the same
+        // pair still disagreeing then, or at once in the kubelet's atomic layout, is a
+        // failure.
+        Err(tls::TlsError::Mismatch)
+            if !kubelet_layout(cert) && seen.mismatch.as_ref() != Some(&bytes) =>
         {
-            tracing::debug!(config = %path.display(), "configuration file is empty; waiting for content");
-            return;
+            tracing::debug!("certificate and key disagree; waiting for the other file");
+            seen.mismatch = Some(bytes);
         }
-        let changed = match &bytes {
-            Ok(b) => seen.config.as_ref() != Some(b),
-            Err(_) => seen.config.is_some(),
-        };
-        if !changed {
-            return;
+        Err(e) => {
+            let reason = match e {
+                tls::TlsError::Mismatch => "key-mismatch",
+                _ => "invalid",
+            };
+            count(&state.metrics.cert_reloads, "failure", reason);
+            tracing::error!(cert = %cert.display(), reason, error = %e, "new certificate refused; the old one stays in force");
+            seen.cert = Some(bytes);
+            seen.mismatch = None;
         }
-        let result = match &bytes {
-            Ok(b) => String::from_utf8(b.clone())
-                .map_err(|e| ("invalid", e.to_string()))
-                .and_then(|t| Config::parse(&t).map_err(|e| ("invalid", e.to_string()))),
-            Err(e) => Err(("read", format!("cannot read: {e}"))),
-        };
-        match result {
-            Ok(cfg) => {
-                state.config.store(Arc::new(cfg));
-                count(&state.metrics.config_reloads, "success", "");
-                tracing::info!(config = %path.display(), "configuration reloaded");
-            }
-            Err((reason, e)) => {
-                count(&state.metrics.config_reloads, "failure", reason);
-                tracing::error!(config = %path.display(), reason, error = %e, "new configuration refused; the old one stays in force");
-            }
+    }
+}
+
+/// One look at the configuration file: a new one that parses replaces the old one; one that does
+/// not is counted and logged, and the old one stays in force.
+fn check_config(state: &AppState, path: &Path, seen: &mut Seen) {
+    let bytes = std::fs::read(path);
+    // A plain rewrite truncates before it writes; an empty file seen in between would
+    // silently mean "defaults". Wait for content (write `{}` to mean defaults).
+    if bytes
+        .as_ref()
+        .is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace))
+    {
+        tracing::debug!(config = %path.display(), "configuration file is empty; waiting for content");
+        return;
+    }
+    let changed = match &bytes {
+        Ok(b) => seen.config.as_ref() != Some(b),
+        Err(_) => seen.config.is_some(),
+    };
+    if !changed {
+        return;
+    }
+    let result = match &bytes {
+        Ok(b) => String::from_utf8(b.clone())
+            .map_err(|e| ("invalid", e.to_string()))
+            .and_then(|t| Config::parse(&t).map_err(|e| ("invalid", e.to_string()))),
+        Err(e) => Err(("read", format!("cannot read: {e}"))),
+    };
+    match result {
+        Ok(cfg) => {
+            state.config.store(Arc::new(cfg));
+            count(&state.metrics.config_reloads, "success", "");
+            tracing::info!(config = %path.display(), "configuration reloaded");
         }
-        seen.config = bytes.ok();
+        Err((reason, e)) => {
+            count(&state.metrics.config_reloads, "failure", reason);
+            tracing::error!(config = %path.display(), reason, error = %e, "new configuration refused; the old one stays in force");
+        }
+    }
+    seen.config = bytes.ok();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::test_state;
+
+    fn reloads(
+        family: &prometheus_client::metrics::family::Family<
+            ReloadLabel,
+            prometheus_client::metrics::counter::Counter,
+        >,
+        outcome: &'static str,
+        reason: &'static str,
+    ) -> u64 {
+        family.get_or_create(&ReloadLabel { outcome, reason }).get()
+    }
+
+    fn write_pair(dir: &Path, cert_pem: &str, key_pem: &str) -> (PathBuf, PathBuf) {
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, cert_pem).unwrap();
+        std::fs::write(&key, key_pem).unwrap();
+        (cert, key)
+    }
+
+    #[test]
+    fn an_unreadable_certificate_is_counted_once_and_a_good_one_then_loads() {
+        let state = test_state("{}");
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let mut seen = Seen::default();
+        let m = &state.metrics.cert_reloads;
+
+        check_certificate(&state, &cert, &key, &mut seen);
+        check_certificate(&state, &cert, &key, &mut seen);
+        assert_eq!(
+            reloads(m, "failure", "read"),
+            1,
+            "reported once, not per look"
+        );
+
+        let pair = tls::self_signed(&["evi.example"]).unwrap();
+        write_pair(dir.path(), &pair.cert_pem, &pair.key_pem);
+        check_certificate(&state, &cert, &key, &mut seen);
+        check_certificate(&state, &cert, &key, &mut seen);
+        assert_eq!(reloads(m, "success", ""), 1, "unchanged bytes load once");
+
+        std::fs::remove_file(&key).unwrap();
+        check_certificate(&state, &cert, &key, &mut seen);
+        assert_eq!(
+            reloads(m, "failure", "read"),
+            2,
+            "a new outage is reported again"
+        );
+    }
+
+    #[test]
+    fn a_key_that_disagrees_gets_one_more_look_then_is_refused() {
+        let state = test_state("{}");
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            tls::self_signed(&["a.example"]).unwrap(),
+            tls::self_signed(&["b.example"]).unwrap(),
+        );
+        let (cert, key) = write_pair(dir.path(), &a.cert_pem, &b.key_pem);
+        let mut seen = Seen::default();
+        let m = &state.metrics.cert_reloads;
+
+        check_certificate(&state, &cert, &key, &mut seen);
+        assert_eq!(
+            reloads(m, "failure", "key-mismatch"),
+            0,
+            "half a rewrite waits"
+        );
+        check_certificate(&state, &cert, &key, &mut seen);
+        assert_eq!(reloads(m, "failure", "key-mismatch"), 1);
+        assert_eq!(reloads(m, "success", ""), 0);
+
+        write_pair(dir.path(), &b.cert_pem, &b.key_pem);
+        check_certificate(&state, &cert, &key, &mut seen);
+        assert_eq!(reloads(m, "success", ""), 1, "the matching pair loads");
+    }
+
+    #[test]
+    fn a_bad_or_empty_configuration_never_replaces_a_good_one() {
+        let state = test_state("{}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        let mut seen = Seen::default();
+        let m = &state.metrics.config_reloads;
+        let profiles = |s: &AppState| s.config.load().profiles.len();
+        let before = profiles(&state);
+
+        std::fs::write(&path, "profiles: {scratch: {emptyDir: {}}}\n").unwrap();
+        check_config(&state, &path, &mut seen);
+        assert_eq!(reloads(m, "success", ""), 1);
+        assert_eq!(profiles(&state), 1, "the new configuration is in force");
+        assert_ne!(before, 1);
+
+        std::fs::write(&path, "\n  \n").unwrap();
+        check_config(&state, &path, &mut seen);
+        assert_eq!(
+            reloads(m, "failure", "invalid"),
+            0,
+            "an empty file is waited for"
+        );
+
+        std::fs::write(&path, "profiles: {scratch: {nfs: {}}}\n").unwrap();
+        check_config(&state, &path, &mut seen);
+        check_config(&state, &path, &mut seen);
+        assert_eq!(
+            reloads(m, "failure", "invalid"),
+            1,
+            "refused once per new content"
+        );
+        assert_eq!(profiles(&state), 1, "the good configuration stays");
+
+        std::fs::remove_file(&path).unwrap();
+        check_config(&state, &path, &mut seen);
+        assert_eq!(reloads(m, "failure", "read"), 1);
+        assert_eq!(profiles(&state), 1);
     }
 }
