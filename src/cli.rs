@@ -115,76 +115,15 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 }
 
 fn mutate(args: &MutateArgs) -> ExitCode {
-    let usage = |msg: String| {
-        eprintln!("error: {msg}");
-        ExitCode::from(2)
-    };
-    let cfg = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
-            Err(e) => return usage(format!("configuration {}: {e}", path.display())),
-        },
-        None => Config::default(),
-    };
-    let cluster = match &args.cluster {
-        Some(path) => match std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| ClusterState::parse(&t).map_err(|e| e.to_string()))
-        {
-            Ok(c) => Some(c),
-            Err(e) => return usage(format!("cluster objects {}: {e}", path.display())),
-        },
-        None => None,
-    };
-    let mut text = String::new();
-    let read = if args.file == "-" {
-        std::io::stdin().read_to_string(&mut text).map(|_| ())
-    } else {
-        std::fs::read_to_string(&args.file).map(|t| text = t)
-    };
-    if let Err(e) = read {
-        return usage(format!("cannot read {}: {e}", args.file));
-    }
-    let objects = match workload::parse_objects(&text) {
-        Ok(o) => o,
-        Err(e) => return usage(format!("{}: {e}", args.file)),
-    };
-    let many = objects.len() > 1;
-    let mut previews = Vec::with_capacity(objects.len());
-    let mut denied = false;
-    for (i, object) in objects.iter().enumerate() {
-        // With several documents, every message says which one it is about.
-        let which = if many {
-            format!("document {} ({}): ", i + 1, describe(object))
-        } else {
-            String::new()
-        };
-        let preview = match workload::preview(
-            &cfg,
-            cluster.as_ref().map(|state| crate::cluster::Known {
-                state,
-                complete: true,
-            }),
-            object,
-            args.namespace.as_deref(),
-        ) {
-            Ok(p) => p,
-            Err(e) => return usage(format!("{}: {which}{e}", args.file)),
-        };
-        for w in preview.decision.warnings() {
-            eprintln!("warning: {which}{w}");
+    let previews = match read_inputs(args).and_then(|inputs| preview_all(args, &inputs)) {
+        Ok(Some(previews)) => previews,
+        Ok(None) => return ExitCode::from(1),
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return ExitCode::from(2);
         }
-        if let Decision::Denied(d) = &preview.decision {
-            eprintln!("denied ({}): {which}{}", d.code(), d.message);
-            denied = true;
-        }
-        previews.push(preview);
-    }
-    if denied {
-        return ExitCode::from(1);
-    }
-    let rendered = render(args.output, &previews);
-    match rendered {
+    };
+    match render(args.output, &previews) {
         Ok(mut s) => {
             if !s.ends_with('\n') {
                 s.push('\n');
@@ -194,8 +133,84 @@ fn mutate(args: &MutateArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => usage(format!("cannot print the result: {e}")),
+        Err(e) => {
+            eprintln!("error: cannot print the result: {e}");
+            ExitCode::from(2)
+        }
     }
+}
+
+/// What `mutate` works on, read from its files.
+struct Inputs {
+    cfg: Config,
+    cluster: Option<ClusterState>,
+    objects: Vec<serde_json::Value>,
+}
+
+/// Reads the configuration, the cluster objects and the documents; the error names the file.
+fn read_inputs(args: &MutateArgs) -> Result<Inputs, String> {
+    let cfg = match &args.config {
+        Some(path) => {
+            Config::load(path).map_err(|e| format!("configuration {}: {e}", path.display()))?
+        }
+        None => Config::default(),
+    };
+    let cluster = match &args.cluster {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| ClusterState::parse(&t).map_err(|e| e.to_string()))
+                .map_err(|e| format!("cluster objects {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut text = String::new();
+    let read = if args.file == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(&args.file).map(|t| text = t)
+    };
+    read.map_err(|e| format!("cannot read {}: {e}", args.file))?;
+    let objects = workload::parse_objects(&text).map_err(|e| format!("{}: {e}", args.file))?;
+    Ok(Inputs {
+        cfg,
+        cluster,
+        objects,
+    })
+}
+
+/// Every document's preview, its warnings and denials on standard error; `None` when one was
+/// denied (nothing is printed then).
+fn preview_all(
+    args: &MutateArgs,
+    inputs: &Inputs,
+) -> Result<Option<Vec<workload::Preview>>, String> {
+    let many = inputs.objects.len() > 1;
+    let mut previews = Vec::with_capacity(inputs.objects.len());
+    let mut denied = false;
+    for (i, object) in inputs.objects.iter().enumerate() {
+        // With several documents, every message says which one it is about.
+        let which = if many {
+            format!("document {} ({}): ", i + 1, describe(object))
+        } else {
+            String::new()
+        };
+        let known = inputs.cluster.as_ref().map(|state| crate::cluster::Known {
+            state,
+            complete: true,
+        });
+        let preview = workload::preview(&inputs.cfg, known, object, args.namespace.as_deref())
+            .map_err(|e| format!("{}: {which}{e}", args.file))?;
+        for w in preview.decision.warnings() {
+            eprintln!("warning: {which}{w}");
+        }
+        if let Decision::Denied(d) = &preview.decision {
+            eprintln!("denied ({}): {which}{}", d.code(), d.message);
+            denied = true;
+        }
+        previews.push(preview);
+    }
+    Ok((!denied).then_some(previews))
 }
 
 /// One document as it came (YAML, JSON), several as kubectl prints them: a `---` stream, a
