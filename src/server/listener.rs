@@ -7,7 +7,10 @@ use std::{
 };
 
 use axum::Router;
-use tokio::net::TcpListener;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::OwnedSemaphorePermit,
+};
 use tokio_rustls::TlsAcceptor;
 
 use super::{
@@ -48,30 +51,9 @@ pub(super) async fn accept_loop(
     until: impl std::future::Future<Output = ()>,
 ) {
     let mut until = std::pin::pin!(until);
-    let m = &port.state.metrics;
     loop {
-        let permit = match port.permits.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                m.at_capacity.get_or_create(&port.label()).inc();
-                if port.tls.is_some() {
-                    port.state.at_capacity.store(true, Ordering::SeqCst);
-                }
-                tracing::warn!(
-                    port = port.name,
-                    cap = port.cap,
-                    "at the connection cap: waiting for a connection to close"
-                );
-                let permit = tokio::select! {
-                    _ = until.as_mut() => return,
-                    permit = port.permits.clone().acquire_owned() => match permit {
-                        Ok(p) => p,
-                        Err(_) => return,
-                    },
-                };
-                port.state.at_capacity.store(false, Ordering::SeqCst);
-                permit
-            }
+        let Some(permit) = permit(port, until.as_mut()).await else {
+            return;
         };
         let (tcp, _peer) = tokio::select! {
             _ = until.as_mut() => return,
@@ -86,44 +68,107 @@ pub(super) async fn accept_loop(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let (app, tls, bounds, name) = (port.app.clone(), port.tls.clone(), port.bounds, port.name);
-        let state = port.state.clone();
-        let mut stopping = port.stopping.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let m = &state.metrics;
-            let open = m
-                .connections_open
-                .get_or_create(&PortLabel { port: name })
-                .clone();
-            open.inc();
-            let stop = async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            };
-            match tls {
-                None => connection::serve(tcp, false, app, bounds, m, name, stop).await,
-                Some(acceptor) => {
-                    match tokio::time::timeout(bounds.header, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            // ALPN decides the protocol: no sniffing of the first bytes, which
-                            // would wait for a silent client.
-                            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                            connection::serve(tls, h2, app, bounds, m, name, stop).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                        Err(_) => {
-                            m.connections_closed
-                                .get_or_create(&CauseLabel {
-                                    port: name,
-                                    cause: connection::Cause::HandshakeTimeout.as_str(),
-                                })
-                                .inc();
-                            tracing::debug!("TLS handshake timed out");
-                        }
-                    }
-                }
-            }
-            open.dec();
-        });
+        let stopping = port.stopping.clone();
+        let stop = async move {
+            let mut stopping = stopping;
+            let _ = stopping.wait_for(|s| *s).await;
+        };
+        tokio::spawn(serve(tcp, permit, PortHandle::of(port), stop));
     }
+}
+
+/// A free slot on the port, waiting at the cap; `None` once `until` resolves.
+async fn permit(
+    port: &Port,
+    until: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(p) = port.permits.clone().try_acquire_owned() {
+        return Some(p);
+    }
+    port.state
+        .metrics
+        .at_capacity
+        .get_or_create(&port.label())
+        .inc();
+    if port.tls.is_some() {
+        port.state.at_capacity.store(true, Ordering::SeqCst);
+    }
+    tracing::warn!(
+        port = port.name,
+        cap = port.cap,
+        "at the connection cap: waiting for a connection to close"
+    );
+    let permit = tokio::select! {
+        _ = until => return None,
+        permit = port.permits.clone().acquire_owned() => permit.ok()?,
+    };
+    port.state.at_capacity.store(false, Ordering::SeqCst);
+    Some(permit)
+}
+
+/// What a connection's task takes from its port.
+struct PortHandle {
+    name: &'static str,
+    app: Router,
+    tls: Option<TlsAcceptor>,
+    bounds: connection::Bounds,
+    state: Arc<AppState>,
+}
+
+impl PortHandle {
+    fn of(port: &Port) -> Self {
+        PortHandle {
+            name: port.name,
+            app: port.app.clone(),
+            tls: port.tls.clone(),
+            bounds: port.bounds,
+            state: port.state.clone(),
+        }
+    }
+}
+
+/// One accepted connection: the TLS handshake (bounded by the header timeout) on the webhook
+/// port, then HTTP until it closes or `stop` resolves. The permit is held to the end.
+async fn serve(
+    tcp: TcpStream,
+    permit: OwnedSemaphorePermit,
+    port: PortHandle,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let _permit = permit;
+    let PortHandle {
+        name,
+        app,
+        tls,
+        bounds,
+        state,
+    } = port;
+    let m = &state.metrics;
+    let open = m
+        .connections_open
+        .get_or_create(&PortLabel { port: name })
+        .clone();
+    open.inc();
+    match tls {
+        None => connection::serve(tcp, false, app, bounds, m, name, stop).await,
+        Some(acceptor) => match tokio::time::timeout(bounds.header, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => {
+                // ALPN decides the protocol: no sniffing of the first bytes, which would wait
+                // for a silent client.
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                connection::serve(tls, h2, app, bounds, m, name, stop).await;
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+            Err(_) => {
+                m.connections_closed
+                    .get_or_create(&CauseLabel {
+                        port: name,
+                        cause: connection::Cause::HandshakeTimeout.as_str(),
+                    })
+                    .inc();
+                tracing::debug!("TLS handshake timed out");
+            }
+        },
+    }
+    open.dec();
 }
