@@ -221,29 +221,7 @@ pub async fn serve<IO>(
             }
         }
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper's own header-read timer (30 s by default once a timer is set) would also run
-    // while a keep-alive connection waits, cutting it before `h1_idle`: the phases here
-    // bound the headers instead.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
-        // Pings find dead peers; they do not keep an idle connection open (h2_idle does that).
-        // At least two per idle bound, so a peer that stopped answering is found within it.
-        .keep_alive_interval(Some(
-            (bounds.h2_idle.min(Duration::from_secs(60)) / 2).max(Duration::from_secs(1)),
-        ));
-    let builder = if h2 {
-        builder.http2_only()
-    } else {
-        builder.http1_only()
-    };
+    let builder = http_builder(h2, bounds);
     let conn = builder.serve_connection(TokioIo::new(tracked), service);
     let mut conn = std::pin::pin!(conn);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -279,6 +257,33 @@ pub async fn serve<IO>(
     }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
+}
+
+/// hyper's connection settings for one protocol (chosen by ALPN, never sniffed).
+fn http_builder(h2: bool, bounds: Bounds) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's own header-read timer (30 s by default once a timer is set) would also run
+    // while a keep-alive connection waits, cutting it before `h1_idle`: the phases here
+    // bound the headers instead.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        // Pings find dead peers; they do not keep an idle connection open (h2_idle does that).
+        // At least two per idle bound, so a peer that stopped answering is found within it.
+        .keep_alive_interval(Some(
+            (bounds.h2_idle.min(Duration::from_secs(60)) / 2).max(Duration::from_secs(1)),
+        ));
+    if h2 {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
+    }
 }
 
 /// Whether hyper gave up on what the client sent (it has already answered a bare 400).
