@@ -81,62 +81,68 @@ impl FromStr for Quantity {
         let frac_digits = i32::try_from(frac_part.len()).map_err(|_| err("too many digits"))?;
 
         // value = mantissa * 10^-frac * 2^bin * 10^dec; we want value * 1000.
-        let (bin, dec): (u32, i32) = match suffix {
-            "" => (0, 0),
-            "Ki" => (10, 0),
-            "Mi" => (20, 0),
-            "Gi" => (30, 0),
-            "Ti" => (40, 0),
-            "Pi" => (50, 0),
-            "Ei" => (60, 0),
-            "n" => (0, -9),
-            "u" => (0, -6),
-            "m" => (0, -3),
-            "k" => (0, 3),
-            "M" => (0, 6),
-            "G" => (0, 9),
-            "T" => (0, 12),
-            "P" => (0, 15),
-            "E" => (0, 18),
-            other => {
-                let exp = other
-                    .strip_prefix('e')
-                    .or_else(|| other.strip_prefix('E'))
-                    .ok_or_else(|| {
-                        err("unknown suffix (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or m)")
-                    })?;
-                let exp: i32 = exp
-                    .parse()
-                    .map_err(|_| err("exponent must be an integer, e.g. 1e9"))?;
-                if !(-40..=40).contains(&exp) {
-                    return Err(err("exponent out of range"));
-                }
-                (0, exp)
-            }
-        };
-        let scale = dec + 3 - frac_digits;
-        let mut millis = mantissa
-            .checked_mul(1u128 << bin)
-            .ok_or_else(|| err("too large"))?;
-        match scale.cmp(&0) {
-            Ordering::Greater => {
-                let factor = 10u128
-                    .checked_pow(scale.unsigned_abs())
-                    .ok_or_else(|| err("too large"))?;
-                millis = millis.checked_mul(factor).ok_or_else(|| err("too large"))?;
-            }
-            Ordering::Less => {
-                let divisor = 10u128.checked_pow(scale.unsigned_abs());
-                millis = match divisor {
-                    Some(d) => millis.div_ceil(d),
-                    // Smaller than any representable fraction: rounds up to one milli-unit.
-                    None => u128::from(millis != 0),
-                };
-            }
-            Ordering::Equal => {}
-        }
+        let (bin, dec) = suffix_exponents(suffix).map_err(err)?;
+        let millis = scaled(mantissa, bin, dec + 3 - frac_digits).map_err(err)?;
         Ok(Quantity { millis })
     }
+}
+
+/// The binary and decimal exponents a suffix stands for (`Ki` = 2^10, `k` = 10^3, `e9` = 10^9).
+fn suffix_exponents(suffix: &str) -> Result<(u32, i32), &'static str> {
+    Ok(match suffix {
+        "" => (0, 0),
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        "n" => (0, -9),
+        "u" => (0, -6),
+        "m" => (0, -3),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        other => {
+            let exp = other
+                .strip_prefix('e')
+                .or_else(|| other.strip_prefix('E'))
+                .ok_or("unknown suffix (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or m)")?;
+            let exp: i32 = exp
+                .parse()
+                .map_err(|_| "exponent must be an integer, e.g. 1e9")?;
+            if !(-40..=40).contains(&exp) {
+                return Err("exponent out of range");
+            }
+            (0, exp)
+        }
+    })
+}
+
+/// `mantissa * 2^bin * 10^scale`, rounded up to a whole milli-unit.
+fn scaled(mantissa: u128, bin: u32, scale: i32) -> Result<u128, &'static str> {
+    let mut millis = mantissa.checked_mul(1u128 << bin).ok_or("too large")?;
+    match scale.cmp(&0) {
+        Ordering::Greater => {
+            let factor = 10u128
+                .checked_pow(scale.unsigned_abs())
+                .ok_or("too large")?;
+            millis = millis.checked_mul(factor).ok_or("too large")?;
+        }
+        Ordering::Less => {
+            let divisor = 10u128.checked_pow(scale.unsigned_abs());
+            millis = match divisor {
+                Some(d) => millis.div_ceil(d),
+                // Smaller than any representable fraction: rounds up to one milli-unit.
+                None => u128::from(millis != 0),
+            };
+        }
+        Ordering::Equal => {}
+    }
+    Ok(millis)
 }
 
 impl fmt::Display for Quantity {
