@@ -31,6 +31,29 @@ pub(super) struct Port {
 }
 
 impl Port {
+    /// A port of this name serving `app`, with at most `cap` connections (at least one).
+    pub(super) fn new(
+        name: &'static str,
+        app: Router,
+        tls: Option<TlsAcceptor>,
+        bounds: connection::Bounds,
+        cap: usize,
+        state: Arc<AppState>,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        let cap = cap.max(1);
+        Port {
+            name,
+            app,
+            tls,
+            bounds,
+            cap,
+            permits: Arc::new(tokio::sync::Semaphore::new(cap)),
+            state,
+            stopping,
+        }
+    }
+
     /// Resolves when every connection of this port has closed.
     pub(super) async fn closed(&self) {
         let all = u32::try_from(self.cap).unwrap_or(u32::MAX);

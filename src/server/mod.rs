@@ -182,18 +182,15 @@ pub async fn serve(
 
     let (stop_webhook, webhook_stopping) = tokio::sync::watch::channel(false);
     let (stop_admin, admin_stopping) = tokio::sync::watch::channel(false);
-    let admin_port = Arc::new(Port {
-        name: "admin",
-        app: admin::router(state.clone()),
-        tls: None,
-        bounds: timing.admin,
-        cap: args.admin_max_connections.max(1),
-        permits: Arc::new(tokio::sync::Semaphore::new(
-            args.admin_max_connections.max(1),
-        )),
-        state: state.clone(),
-        stopping: admin_stopping.clone(),
-    });
+    let admin_port = Arc::new(Port::new(
+        "admin",
+        admin::router(state.clone()),
+        None,
+        timing.admin,
+        args.admin_max_connections,
+        state.clone(),
+        admin_stopping.clone(),
+    ));
     let admin_task = tokio::spawn({
         let port = admin_port.clone();
         let mut stopping = admin_stopping;
@@ -204,26 +201,17 @@ pub async fn serve(
             .await;
         }
     });
-    if args.tls_cert.is_some() || args.config.is_some() {
-        let watched = reload::Watched {
-            cert: args.tls_cert.clone().zip(args.tls_key.clone()),
-            config: args.config.clone(),
-            loaded_cert,
-            loaded_config,
-        };
-        tokio::spawn(reload::run(state.clone(), watched, timing.poll));
-    }
+    start_reloader(&args, &state, loaded_cert, loaded_config, timing.poll);
 
-    let webhook_port = Port {
-        name: "webhook",
-        app: webhook::router(state.clone()),
-        tls: Some(acceptor),
-        bounds: timing.webhook,
-        cap: args.max_connections.max(1),
-        permits: Arc::new(tokio::sync::Semaphore::new(args.max_connections.max(1))),
-        state: state.clone(),
-        stopping: webhook_stopping,
-    };
+    let webhook_port = Port::new(
+        "webhook",
+        webhook::router(state.clone()),
+        Some(acceptor),
+        timing.webhook,
+        args.max_connections,
+        state.clone(),
+        webhook_stopping,
+    );
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(webhook = %webhook_addr, admin = %admin_addr, "listening");
 
@@ -233,6 +221,26 @@ pub async fn serve(
     shutdown::drain(&state, listener, &webhook_port, stop_webhook, &timing).await;
     shutdown::close_admin(stop_admin, admin_task, admin_port).await;
     Ok(())
+}
+
+/// Watches the certificate and configuration files given on the command line, if any.
+fn start_reloader(
+    args: &ServeArgs,
+    state: &Arc<AppState>,
+    loaded_cert: Option<Vec<u8>>,
+    loaded_config: Option<Vec<u8>>,
+    poll: Duration,
+) {
+    if args.tls_cert.is_none() && args.config.is_none() {
+        return;
+    }
+    let watched = reload::Watched {
+        cert: args.tls_cert.clone().zip(args.tls_key.clone()),
+        config: args.config.clone(),
+        loaded_cert,
+        loaded_config,
+    };
+    tokio::spawn(reload::run(state.clone(), watched, poll));
 }
 
 /// The client for the cluster checks. Cluster access is optional: a bad `--kubeconfig` stops
