@@ -36,14 +36,13 @@ struct Seen {
     cert_unreadable: bool,
 }
 
-fn count(
-    family: &prometheus_client::metrics::family::Family<
-        ReloadLabel,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    outcome: &'static str,
-    reason: &'static str,
-) {
+/// The reload counters, by outcome and reason.
+type Reloads = prometheus_client::metrics::family::Family<
+    ReloadLabel,
+    prometheus_client::metrics::counter::Counter,
+>;
+
+fn count(family: &Reloads, outcome: &'static str, reason: &'static str) {
     family.get_or_create(&ReloadLabel { outcome, reason }).inc();
 }
 
@@ -226,14 +225,7 @@ mod tests {
     use super::*;
     use crate::server::test_state;
 
-    fn reloads(
-        family: &prometheus_client::metrics::family::Family<
-            ReloadLabel,
-            prometheus_client::metrics::counter::Counter,
-        >,
-        outcome: &'static str,
-        reason: &'static str,
-    ) -> u64 {
+    fn reloads(family: &Reloads, outcome: &'static str, reason: &'static str) -> u64 {
         family.get_or_create(&ReloadLabel { outcome, reason }).get()
     }
 
