@@ -117,109 +117,129 @@ pub fn watch(client: Client, w: Arc<ClusterWatch>, state: Arc<AppState>) {
         Api::<CSIDriver>::all(client.clone()),
         w.clone(),
         state.clone(),
-        "CSIDriver",
-        |d: &CSIDriver| {
+        drivers(),
+    ));
+    tokio::spawn(run(Api::<StorageClass>::all(client), w, state, classes()));
+}
+
+/// CSIDrivers: the volume lifecycle modes (is `Ephemeral` among them).
+fn drivers() -> Kind<CSIDriver, CsiDriverInfo> {
+    Kind {
+        name: "CSIDriver",
+        reduce: |d: &CSIDriver| {
             let modes = d
                 .spec
                 .volume_lifecycle_modes
                 .as_ref()
                 .map(|m| m.iter().map(String::as_str));
-            Some(CsiDriverInfo::from_modes(modes))
+            CsiDriverInfo::from_modes(modes)
         },
-        |s: &mut ClusterState| &mut s.csi_drivers,
-        |w: &ClusterWatch| &w.csi_synced,
-    ));
-    tokio::spawn(run(
-        Api::<StorageClass>::all(client),
-        w,
-        state,
-        "StorageClass",
-        |c: &StorageClass| {
+        map: |s: &mut ClusterState| &mut s.csi_drivers,
+        synced: |w: &ClusterWatch| &w.csi_synced,
+    }
+}
+
+/// StorageClasses: the provisioner and the annotations the checks read.
+fn classes() -> Kind<StorageClass, StorageClassInfo> {
+    Kind {
+        name: "StorageClass",
+        reduce: |c: &StorageClass| {
             let annotations = c
                 .metadata
                 .annotations
                 .iter()
                 .flatten()
                 .map(|(k, v)| (k.as_str(), v.as_str()));
-            Some(StorageClassInfo::from_parts(&c.provisioner, annotations))
+            StorageClassInfo::from_parts(&c.provisioner, annotations)
         },
-        |s: &mut ClusterState| &mut s.storage_classes,
-        |w: &ClusterWatch| &w.classes_synced,
-    ));
+        map: |s: &mut ClusterState| &mut s.storage_classes,
+        synced: |w: &ClusterWatch| &w.classes_synced,
+    }
 }
 
 type Map<V> = std::collections::BTreeMap<String, V>;
 
-/// One kind's watch: a complete list replaces the map at once (`InitDone`); single changes
-/// apply as they come. Errors are counted and retried with backoff, the last state kept.
-#[allow(clippy::too_many_arguments)]
-async fn run<K, V>(
-    api: Api<K>,
-    w: Arc<ClusterWatch>,
-    state: Arc<AppState>,
-    kind: &'static str,
-    reduce: fn(&K) -> Option<V>,
+/// One kind the watches follow: its name in logs and metrics, what the checks keep of an
+/// object, where that goes in the state, and the flag set once its first list is in.
+struct Kind<K, V> {
+    name: &'static str,
+    reduce: fn(&K) -> V,
     map: fn(&mut ClusterState) -> &mut Map<V>,
     synced: fn(&ClusterWatch) -> &AtomicBool,
-) where
+}
+
+/// One kind's watch: a complete list replaces the map at once (`InitDone`); single changes
+/// apply as they come. Errors are counted and retried with backoff, the last state kept.
+async fn run<K, V>(api: Api<K>, w: Arc<ClusterWatch>, state: Arc<AppState>, kind: Kind<K, V>)
+where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
     V: Clone + Send + 'static,
 {
-    let metrics = &state.metrics;
-    let label = KindLabel { kind };
     let mut buffer: Map<V> = Map::new();
     let mut stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
     while let Some(event) = stream.next().await {
-        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
-        match event {
-            Ok(watcher::Event::Init) => buffer.clear(),
-            Ok(watcher::Event::InitApply(o)) => {
-                if let Some(v) = reduce(&o) {
-                    buffer.insert(name(&o), v);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                let list = std::mem::take(&mut buffer);
-                let count = list.len();
-                w.update(|s| *map(s) = list);
-                metrics
-                    .cluster_objects
-                    .get_or_create(&label)
-                    .set(i64::try_from(count).unwrap_or(i64::MAX));
-                if !synced(&w).swap(true, Ordering::SeqCst) {
-                    tracing::info!(kind, count, "cluster list received");
-                }
-                w.synced.notify_waiters();
-            }
-            Ok(watcher::Event::Apply(o)) => {
-                if let Some(v) = reduce(&o) {
-                    w.update(|s| {
-                        map(s).insert(name(&o), v);
-                    });
-                }
-                metrics
-                    .cluster_objects
-                    .get_or_create(&label)
-                    .set(objects(&w, map));
-            }
-            Ok(watcher::Event::Delete(o)) => {
-                w.update(|s| {
-                    map(s).remove(&name(&o));
-                });
-                metrics
-                    .cluster_objects
-                    .get_or_create(&label)
-                    .set(objects(&w, map));
-            }
-            Err(e) => {
-                metrics.cluster_watch_errors.get_or_create(&label).inc();
-                tracing::warn!(kind, error = %e, "cluster watch failed; keeping the last known state and retrying");
-            }
-        }
+        on_event(&kind, &w, &state.metrics, &mut buffer, event);
     }
+}
+
+/// One event of a kind's watch, applied to the state (or to the list being received).
+fn on_event<K: kube::Resource, V: Clone>(
+    kind: &Kind<K, V>,
+    w: &ClusterWatch,
+    metrics: &super::metrics::Metrics,
+    buffer: &mut Map<V>,
+    event: Result<watcher::Event<K>, watcher::Error>,
+) {
+    let label = KindLabel { kind: kind.name };
+    let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+    let map = kind.map;
+    let count = match event {
+        Ok(watcher::Event::Init) => {
+            buffer.clear();
+            return;
+        }
+        Ok(watcher::Event::InitApply(o)) => {
+            buffer.insert(name(&o), (kind.reduce)(&o));
+            return;
+        }
+        Ok(watcher::Event::InitDone) => {
+            let list = std::mem::take(buffer);
+            let count = list.len();
+            w.update(|s| *map(s) = list);
+            // The count is in before readiness can hear of the list.
+            metrics
+                .cluster_objects
+                .get_or_create(&label)
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+            if !(kind.synced)(w).swap(true, Ordering::SeqCst) {
+                tracing::info!(kind = kind.name, count, "cluster list received");
+            }
+            w.synced.notify_waiters();
+            return;
+        }
+        Ok(watcher::Event::Apply(o)) => {
+            let v = (kind.reduce)(&o);
+            w.update(|s| {
+                map(s).insert(name(&o), v);
+            });
+            objects(w, map)
+        }
+        Ok(watcher::Event::Delete(o)) => {
+            w.update(|s| {
+                map(s).remove(&name(&o));
+            });
+            objects(w, map)
+        }
+        Err(e) => {
+            metrics.cluster_watch_errors.get_or_create(&label).inc();
+            tracing::warn!(kind = kind.name, error = %e, "cluster watch failed; keeping the last known state and retrying");
+            return;
+        }
+    };
+    metrics.cluster_objects.get_or_create(&label).set(count);
 }
 
 fn objects<V>(w: &ClusterWatch, map: fn(&mut ClusterState) -> &mut Map<V>) -> i64 {
@@ -242,5 +262,94 @@ pub async fn await_sync(w: Arc<ClusterWatch>, state: Arc<AppState>, timeout: std
         w.wait_complete().await;
         state.metrics.cluster_degraded.set(0);
         tracing::info!("cluster lists received: the cluster checks are as configured again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::storage::v1::CSIDriverSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    use super::*;
+    use crate::server::metrics::Metrics;
+
+    fn driver(name: &str, modes: &[&str]) -> CSIDriver {
+        CSIDriver {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: CSIDriverSpec {
+                volume_lifecycle_modes: Some(modes.iter().map(|m| m.to_string()).collect()),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn count(metrics: &Metrics) -> i64 {
+        metrics
+            .cluster_objects
+            .get_or_create(&KindLabel { kind: "CSIDriver" })
+            .get()
+    }
+
+    #[test]
+    fn a_list_replaces_the_state_only_when_complete_and_changes_apply_one_by_one() {
+        let (kind, w, metrics) = (drivers(), ClusterWatch::new(), Metrics::default());
+        let mut buffer = Map::new();
+        let mut event = |e| on_event(&kind, &w, &metrics, &mut buffer, e);
+        let names = |w: &ClusterWatch| w.snapshot().csi_drivers.keys().cloned().collect::<Vec<_>>();
+
+        event(Ok(watcher::Event::Apply(driver(
+            "old.csi.k8s.io",
+            &["Persistent"],
+        ))));
+        event(Ok(watcher::Event::Init));
+        event(Ok(watcher::Event::InitApply(driver(
+            "secrets-store.csi.k8s.io",
+            &["Ephemeral"],
+        ))));
+        assert_eq!(
+            names(&w),
+            ["old.csi.k8s.io"],
+            "a list half received changes nothing"
+        );
+        assert!(!w.csi_synced.load(Ordering::SeqCst));
+
+        event(Ok(watcher::Event::InitDone));
+        assert_eq!(
+            names(&w),
+            ["secrets-store.csi.k8s.io"],
+            "the list replaces the state"
+        );
+        assert!(w.csi_synced.load(Ordering::SeqCst));
+        assert_eq!(count(&metrics), 1);
+        let info = &w.snapshot().csi_drivers["secrets-store.csi.k8s.io"];
+        assert_eq!(info, &CsiDriverInfo::from_modes(Some(["Ephemeral"])));
+
+        event(Ok(watcher::Event::Apply(driver(
+            "b.csi.k8s.io",
+            &["Ephemeral"],
+        ))));
+        assert_eq!(count(&metrics), 2);
+        event(Ok(watcher::Event::Delete(driver(
+            "secrets-store.csi.k8s.io",
+            &[],
+        ))));
+        assert_eq!(names(&w), ["b.csi.k8s.io"]);
+        assert_eq!(count(&metrics), 1);
+
+        event(Err(watcher::Error::NoResourceVersion));
+        assert_eq!(
+            names(&w),
+            ["b.csi.k8s.io"],
+            "a failed watch keeps the last state"
+        );
+        let errors = metrics
+            .cluster_watch_errors
+            .get_or_create(&KindLabel { kind: "CSIDriver" })
+            .get();
+        assert_eq!(errors, 1);
     }
 }
