@@ -1014,8 +1014,13 @@ impl hyper::body::Body for Trickle {
     }
 }
 
-/// An HTTP/2 request whose body trickles a byte every 300 ms.
-async fn hold_h2_trickle(server: &Server) -> Option<Box<dyn std::any::Any + Send>> {
+/// An HTTP/2 connection to the webhook, ready for a request with a body of type `B`.
+async fn h2_sender<B>(server: &Server) -> Option<hyper::client::conn::http2::SendRequest<B>>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tcp = TcpStream::connect(server.webhook).await.ok()?;
     let tls = connector(&server.ca_pem, Proto::H2)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
@@ -1026,11 +1031,22 @@ async fn hold_h2_trickle(server: &Server) -> Option<Box<dyn std::any::Any + Send
             .await
             .ok()?;
     tokio::spawn(conn);
-    let req = Request::post("/mutate")
-        .header("content-type", "application/json")
-        .body(Trickle(tokio::time::interval(Duration::from_millis(300))))
-        .ok()?;
     send.ready().await.ok()?;
+    Some(send)
+}
+
+/// A POST to /mutate with this body.
+fn mutate_request<B>(body: B) -> Option<Request<B>> {
+    Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(body)
+        .ok()
+}
+
+/// An HTTP/2 request whose body trickles a byte every 300 ms.
+async fn hold_h2_trickle(server: &Server) -> Option<Box<dyn std::any::Any + Send>> {
+    let mut send = h2_sender(server).await?;
+    let req = mutate_request(Trickle(tokio::time::interval(Duration::from_millis(300))))?;
     Some(Box::new(tokio::spawn(send.send_request(req))))
 }
 
@@ -1038,40 +1054,16 @@ async fn hold_h2_trickle(server: &Server) -> Option<Box<dyn std::any::Any + Send
 /// answered request and then nothing but the answers to the server's pings (sent every
 /// second here: half the lowered idle bound).
 async fn hold_h2(server: &Server, idle: bool) -> Option<Box<dyn std::any::Any + Send>> {
-    let tcp = TcpStream::connect(server.webhook).await.ok()?;
-    let tls = connector(&server.ca_pem, Proto::H2)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .ok()?;
     if idle {
-        let (mut send, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-                .await
-                .ok()?;
-        tokio::spawn(conn);
+        let mut send = h2_sender(server).await?;
         let (_, request) = nextflow_review("h2-idle");
-        let req = Request::post("/mutate")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                serde_json::to_vec(&request).unwrap(),
-            )))
-            .ok()?;
-        send.ready().await.ok()?;
-        send.send_request(req).await.ok()?;
+        let body = Full::new(Bytes::from(serde_json::to_vec(&request).unwrap()));
+        send.send_request(mutate_request(body)?).await.ok()?;
         return Some(Box::new(send));
     }
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .ok()?;
-    tokio::spawn(conn);
-    let req = Request::post("/mutate")
-        .header("content-type", "application/json")
-        .body(Never)
-        .ok()?;
-    send.ready().await.ok()?;
-    let pending = tokio::spawn(send.send_request(req));
-    Some(Box::new(pending))
+    let mut send = h2_sender(server).await?;
+    let req = mutate_request(Never)?;
+    Some(Box::new(tokio::spawn(send.send_request(req))))
 }
 
 /// Whether a normal client is served within the API server's webhook timeout.
