@@ -34,7 +34,9 @@ PY
   rm -rf "$tmp"
 fi
 "$TOOLS_DIR/bin/helm" version --short
-"$TOOLS_DIR/bin/kubectl" version --client | head -1
+# No `| head` here: under pipefail, head closing the pipe kills the writer with SIGPIPE (exit 141).
+kubectl_version="$("$TOOLS_DIR/bin/kubectl" version --client)"
+echo "${kubectl_version%%$'\n'*}"
 
 # The real control plane the end-to-end tests run against (etcd, kube-apiserver,
 # kube-controller-manager), built from the Go module proxy and cached by version.
