@@ -44,7 +44,9 @@ fn bench(c: &mut Criterion) {
         let body = body(input);
         assert!(
             matches!(
-                review::handle(&cfg, &body).unwrap().decision,
+                review::handle(&cfg, None, review::Endpoint::Mutate, &body)
+                    .unwrap()
+                    .decision,
                 evi::decision::Decision::Mutated { .. }
             ),
             "the {mode} fixture must be mutated"
@@ -54,7 +56,15 @@ fn bench(c: &mut Criterion) {
             b.iter(|| serde_json::from_slice::<IgnoredAny>(black_box(&body)).unwrap())
         });
         g.bench_function("engine: decode+decide+encode", |b| {
-            b.iter(|| review::handle(black_box(&cfg), black_box(&body)).unwrap())
+            b.iter(|| {
+                review::handle(
+                    black_box(&cfg),
+                    None,
+                    review::Endpoint::Mutate,
+                    black_box(&body),
+                )
+                .unwrap()
+            })
         });
         g.finish();
     }

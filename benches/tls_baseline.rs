@@ -34,9 +34,14 @@ async fn main() {
     ))
     .unwrap();
     let response = Bytes::from(
-        evi::review::handle(&evi::config::Config::default(), &review)
-            .unwrap()
-            .body,
+        evi::review::handle(
+            &evi::config::Config::default(),
+            None,
+            evi::review::Endpoint::Mutate,
+            &review,
+        )
+        .unwrap()
+        .body,
     );
 
     let generated = evi::server::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();

@@ -130,6 +130,22 @@ pub struct MetaView<'a> {
     /// `annotations`.
     #[serde(borrow)]
     pub annotations: Option<StrMap<'a>>,
+    /// `ownerReferences`: read only to name a pod's controller in the decision log.
+    #[serde(borrow)]
+    pub owner_references: Option<Vec<OwnerView<'a>>>,
+}
+
+/// An owner reference, as far as the decision log names it.
+#[derive(Debug, Default, Deserialize)]
+pub struct OwnerView<'a> {
+    /// `kind`.
+    #[serde(borrow)]
+    pub kind: Str<'a>,
+    /// `name`.
+    #[serde(borrow)]
+    pub name: Str<'a>,
+    /// `controller`: the one owner that manages the pod (a Job, a ReplicaSet, …).
+    pub controller: Option<bool>,
 }
 
 /// A pod's `spec`, as far as the engine reads it.
@@ -253,6 +269,16 @@ impl<'a> PodView<'a> {
         }
     }
 
+    /// The controlling owner (`ownerReferences` entry with `controller: true`), if any.
+    pub fn controller(&self) -> Option<&OwnerView<'a>> {
+        self.metadata
+            .as_ref()?
+            .owner_references
+            .as_deref()?
+            .iter()
+            .find(|o| o.controller == Some(true))
+    }
+
     /// `spec.os.name: windows`.
     pub fn is_windows(&self) -> bool {
         self.spec
@@ -346,6 +372,24 @@ mod tests {
             Cow::Borrowed("plain")
         ));
         assert_eq!(&*pod.annotations().unwrap()["k"], r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn the_controller_is_the_owner_marked_controller() {
+        let pod: PodView<'_> = serde_json::from_str(
+            r#"{"metadata":{"ownerReferences":[
+                {"apiVersion":"v1","kind":"ConfigMap","name":"other","uid":"1"},
+                {"apiVersion":"batch/v1","kind":"Job","name":"nf-1","uid":"2","controller":true}]}}"#,
+        )
+        .unwrap();
+        let owner = pod.controller().unwrap();
+        assert_eq!((&*owner.kind, &*owner.name), ("Job", "nf-1"));
+        let bare: PodView<'_> = serde_json::from_str(
+            r#"{"metadata":{"ownerReferences":[{"kind":"ConfigMap","name":"other"}]}}"#,
+        )
+        .unwrap();
+        assert!(bare.controller().is_none());
+        assert!(PodView::default().controller().is_none());
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! The AdmissionReview codec: bytes in, bytes out, with the engine in between.
 //!
+//! Two endpoints share it: `/mutate` decides on a Pod CREATE and patches it; `/validate`
+//! decides on a pod controller's template (Job, CronJob, Deployment, …) the same way and only
+//! admits or refuses, so that a workload whose pods would be refused fails at its own creation.
+//!
 //! Field names and semantics are kube-core's (`kube_core::admission`); the request is decoded
 //! as a narrow borrowed view (the pod is decoded only for Pod CREATE), and the response is
 //! written by hand because kube-core serialises `patch` as an array of numbers, which the API
@@ -18,6 +22,7 @@ use crate::{
     decision::Decision,
     engine::{self, PodLocation},
     pod::{PodView, Str},
+    workload,
 };
 
 /// A body the webhook cannot answer with an AdmissionReview (the server sends 400).
@@ -62,7 +67,6 @@ struct RequestIn<'a, O> {
     #[serde(borrow)]
     namespace: Option<Str<'a>>,
     object: Option<O>,
-
     dry_run: Option<bool>,
 }
 
@@ -74,6 +78,87 @@ struct Gvk<'a> {
     kind: &'a str,
 }
 
+/// A workload as the validating webhook reads it: its name and its pod template, wherever the
+/// kind keeps it (`spec.template`, or a CronJob's `spec.jobTemplate.spec.template`).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkloadIn<'a> {
+    #[serde(borrow)]
+    metadata: Option<NameView<'a>>,
+    #[serde(borrow)]
+    spec: Option<WorkloadSpec<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NameView<'a> {
+    #[serde(borrow)]
+    name: Option<Str<'a>>,
+    #[serde(borrow)]
+    generate_name: Option<Str<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkloadSpec<'a> {
+    #[serde(borrow)]
+    template: Option<PodView<'a>>,
+    #[serde(borrow)]
+    job_template: Option<JobTemplate<'a>>,
+}
+
+#[derive(Deserialize)]
+struct JobTemplate<'a> {
+    #[serde(borrow)]
+    spec: Option<JobTemplateSpec<'a>>,
+}
+
+#[derive(Deserialize)]
+struct JobTemplateSpec<'a> {
+    #[serde(borrow)]
+    template: Option<PodView<'a>>,
+}
+
+impl<'a> WorkloadIn<'a> {
+    fn name(&self) -> Cow<'a, str> {
+        match &self.metadata {
+            Some(NameView { name: Some(n), .. }) if !n.is_empty() => n.0.clone(),
+            Some(NameView {
+                generate_name: Some(g),
+                ..
+            }) => Cow::Owned(format!("{g}*")),
+            _ => Cow::Borrowed(""),
+        }
+    }
+
+    /// The pod template at `pointer` (one of [`workload::WORKLOADS`]'s).
+    fn template(&self, pointer: &str) -> Option<&PodView<'a>> {
+        let spec = self.spec.as_ref()?;
+        if pointer == "/spec/template" {
+            spec.template.as_ref()
+        } else {
+            spec.job_template.as_ref()?.spec.as_ref()?.template.as_ref()
+        }
+    }
+}
+
+/// The old and new object of an UPDATE, kept raw (read again only for an UPDATE).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UpdateIn<'a> {
+    #[serde(borrow)]
+    request: UpdateRequest<'a>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UpdateRequest<'a> {
+    #[serde(borrow)]
+    object: Option<&'a RawValue>,
+    #[serde(borrow)]
+    old_object: Option<&'a RawValue>,
+}
+
 #[derive(Serialize)]
 struct StatusOut<'a> {
     status: &'static str,
@@ -82,86 +167,115 @@ struct StatusOut<'a> {
     message: &'a str,
 }
 
+/// Which webhook a review came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /mutate`: a Pod CREATE is decided and patched.
+    Mutate,
+    /// `POST /validate`: a pod controller's CREATE or UPDATE is decided on its pod template
+    /// exactly as on the pod it would make, and refused when that pod would be; never patched.
+    Validate,
+}
+
+/// The object a decision was made on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subject<'a> {
+    /// Its kind (`Pod`, `Job`, …); empty when nothing was decided.
+    pub kind: &'a str,
+    /// Its name, or its `generateName` with a `*`.
+    pub name: Cow<'a, str>,
+    /// For a pod, its controller (`ownerReferences` with `controller: true`): kind and name.
+    pub owner: Option<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
 /// The response and what the decision log and metrics need, borrowing from the request body.
 #[derive(Debug, Clone)]
 pub struct Handled<'a> {
     /// The AdmissionReview to send back.
     pub body: Vec<u8>,
-    /// What was decided ([`Decision::Unchanged`] for anything but a Pod CREATE).
+    /// What was decided ([`Decision::Unchanged`] when there was nothing to decide). At
+    /// [`Endpoint::Validate`] a [`Decision::Mutated`] says what the pod will get; the response
+    /// carries no patch.
     pub decision: Decision,
     /// The request's uid.
     pub uid: &'a str,
     /// The request's namespace.
     pub namespace: Cow<'a, str>,
-    /// The pod's name, or its `generateName` with a `*`; empty when it is not a pod.
-    pub pod: Cow<'a, str>,
+    /// What was decided on.
+    pub subject: Subject<'a>,
     /// A server-side dry run.
     pub dry_run: bool,
 }
 
-/// Decodes a review, decides, and encodes the response.
-pub fn handle<'a>(cfg: &Config, body: &'a [u8]) -> Result<Handled<'a>, ReviewError> {
-    handle_in(cfg, None, body)
-}
-
-/// [`handle`], with the cluster checks against what is known of the cluster.
-pub fn handle_in<'a>(
+/// Decodes a review, decides (with the cluster checks against what is known of the cluster,
+/// `None`: no checks), and encodes the response. The one entry point of the server, the CLI's
+/// tests, the property tests, the fuzz oracle and the benchmarks.
+pub fn handle<'a>(
     cfg: &Config,
     cluster: Option<Known<'_>>,
+    endpoint: Endpoint,
     body: &'a [u8],
 ) -> Result<Handled<'a>, ReviewError> {
     // JSON is UTF-8 (RFC 8259): the body is checked once, whole, so the parser need not check
     // every string it reads (or every raw value it keeps) again.
     let text = std::str::from_utf8(body).map_err(ReviewError::NotUtf8)?;
-    // One pass: the object is decoded as a narrow pod view while the envelope is read. Should
-    // it not fit that view (it is not a pod), read it again keeping the object raw.
-    match serde_json::from_str::<ReviewIn<'_, PodView<'_>>>(text) {
-        Ok(review) => decide(cfg, cluster, review),
-        Err(pod_error) => {
-            let review: ReviewIn<'_, &RawValue> =
+    match endpoint {
+        Endpoint::Mutate => mutate(cfg, cluster, text),
+        Endpoint::Validate => validate(cfg, cluster, text),
+    }
+}
+
+/// Decodes the review with its object in the view `O`; should the object not fit that view,
+/// reads it again keeping the object raw, and gives the decoding error only when the request
+/// is one this endpoint decides on (`decides`).
+fn decode<'a, O: Deserialize<'a>>(
+    text: &'a str,
+    decides: impl Fn(&RequestIn<'a, &'a RawValue>) -> bool,
+) -> Result<ReviewIn<'a, O>, ReviewError> {
+    match serde_json::from_str::<ReviewIn<'a, O>>(text) {
+        Ok(review) => Ok(review),
+        Err(view_error) => {
+            let review: ReviewIn<'a, &'a RawValue> =
                 serde_json::from_str(text).map_err(ReviewError::Malformed)?;
-            let req = review.request.as_ref().ok_or(ReviewError::NoRequest)?;
-            if is_pod_create(req) {
-                return Err(ReviewError::Malformed(pod_error));
+            let req = review.request.ok_or(ReviewError::NoRequest)?;
+            if decides(&req) {
+                return Err(ReviewError::Malformed(view_error));
             }
-            decide(
-                cfg,
-                cluster,
-                ReviewIn::<PodView<'_>> {
-                    api_version: review.api_version,
-                    kind: review.kind,
-                    request: review.request.map(|r| RequestIn {
-                        uid: r.uid,
-                        kind: r.kind,
-                        operation: r.operation,
-                        sub_resource: r.sub_resource,
-                        namespace: r.namespace,
-                        object: None,
-                        dry_run: r.dry_run,
-                    }),
-                },
-            )
+            Ok(ReviewIn {
+                api_version: review.api_version,
+                kind: review.kind,
+                request: Some(RequestIn {
+                    uid: req.uid,
+                    kind: req.kind,
+                    operation: req.operation,
+                    sub_resource: req.sub_resource,
+                    namespace: req.namespace,
+                    object: None,
+                    dry_run: req.dry_run,
+                }),
+            })
         }
     }
 }
 
-fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
-    req.kind.group.is_empty()
-        && req.kind.kind == "Pod"
-        && req.operation == Operation::Create
-        && req.sub_resource.is_none_or(str::is_empty)
-}
-
-fn decide<'a>(
+fn mutate<'a>(
     cfg: &Config,
     cluster: Option<Known<'_>>,
-    review: ReviewIn<'a, PodView<'a>>,
+    text: &'a str,
 ) -> Result<Handled<'a>, ReviewError> {
+    // One pass: the object is decoded as a narrow pod view while the envelope is read.
+    let review = decode::<PodView<'a>>(text, is_pod_create)?;
     let mut req = review.request.ok_or(ReviewError::NoRequest)?;
     let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
-    let (pod, decision) = match (is_pod_create(&req), &req.object) {
+    let (subject, decision) = match (is_pod_create(&req), &req.object) {
         (true, Some(pod)) => (
-            pod.display_name(),
+            Subject {
+                kind: "Pod",
+                name: pod.display_name(),
+                owner: pod
+                    .controller()
+                    .map(|o| (o.kind.0.clone(), o.name.0.clone())),
+            },
             engine::decide(
                 cfg,
                 cluster,
@@ -172,21 +286,91 @@ fn decide<'a>(
                 },
             ),
         ),
-        _ => (
-            Cow::Borrowed(""),
-            Decision::Unchanged {
-                warnings: Vec::new(),
-            },
-        ),
+        _ => (Subject::default(), unchanged()),
     };
     Ok(Handled {
-        body: encode(review.api_version, review.kind, req.uid, &decision)?,
+        body: encode(review.api_version, review.kind, req.uid, &decision, true)?,
         decision,
         uid: req.uid,
         namespace,
-        pod,
+        subject,
         dry_run: req.dry_run.unwrap_or(false),
     })
+}
+
+fn validate<'a>(
+    cfg: &Config,
+    cluster: Option<Known<'_>>,
+    text: &'a str,
+) -> Result<Handled<'a>, ReviewError> {
+    let review = decode::<WorkloadIn<'a>>(text, |req| workload_change(req).is_some())?;
+    let mut req = review.request.ok_or(ReviewError::NoRequest)?;
+    let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
+    let mut subject = Subject::default();
+    let mut decision = unchanged();
+    if let (Some(pointer), Some(object)) = (workload_change(&req), &req.object)
+        && let Some(template) = object.template(pointer)
+        && (req.operation == Operation::Create || template_changed(text, pointer)?)
+    {
+        subject = Subject {
+            kind: req.kind.kind,
+            name: object.name(),
+            owner: None,
+        };
+        decision = engine::decide(
+            cfg,
+            cluster,
+            template,
+            PodLocation {
+                namespace: &namespace,
+                pointer,
+            },
+        );
+    }
+    Ok(Handled {
+        body: encode(review.api_version, review.kind, req.uid, &decision, false)?,
+        decision,
+        uid: req.uid,
+        namespace,
+        subject,
+        dry_run: req.dry_run.unwrap_or(false),
+    })
+}
+
+fn unchanged() -> Decision {
+    Decision::Unchanged {
+        warnings: Vec::new(),
+    }
+}
+
+fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
+    req.kind.group.is_empty()
+        && req.kind.kind == "Pod"
+        && req.operation == Operation::Create
+        && req.sub_resource.is_none_or(str::is_empty)
+}
+
+/// A pod controller's CREATE or UPDATE (not of a subresource: `scale` and `status` cannot
+/// change the template): where its pod template is.
+fn workload_change<O>(req: &RequestIn<'_, O>) -> Option<&'static str> {
+    matches!(req.operation, Operation::Create | Operation::Update)
+        .then_some(())
+        .filter(|()| req.sub_resource.is_none_or(str::is_empty))
+        .and_then(|()| workload::template_pointer(req.kind.group, req.kind.kind))
+}
+
+/// Whether an UPDATE changes the pod template. One that does not (a label on the workload,
+/// a finalizer removed at deletion, a workload stored before the webhook was installed) is not
+/// decided on: refusing it would block the workload's owners for what its pods already get.
+fn template_changed(text: &str, pointer: &str) -> Result<bool, ReviewError> {
+    let update: UpdateIn<'_> = serde_json::from_str(text).map_err(ReviewError::Malformed)?;
+    let template = |raw: Option<&RawValue>| -> Result<Option<serde_json::Value>, ReviewError> {
+        let Some(raw) = raw else { return Ok(None) };
+        let mut value: serde_json::Value =
+            serde_json::from_str(raw.get()).map_err(ReviewError::Malformed)?;
+        Ok(value.pointer_mut(pointer).map(serde_json::Value::take))
+    };
+    Ok(template(update.request.object)? != template(update.request.old_object)?)
 }
 
 /// Writes the response envelope by hand so the base64 patch goes straight into the output
@@ -196,9 +380,13 @@ fn encode(
     kind: &str,
     uid: &str,
     decision: &Decision,
+    with_patch: bool,
 ) -> Result<Vec<u8>, ReviewError> {
     let allowed = decision.allowed();
-    let patch = decision.patch().map(|p| p.as_bytes());
+    let patch = decision
+        .patch()
+        .filter(|_| with_patch)
+        .map(|p| p.as_bytes());
     let mut out = Vec::with_capacity(256 + patch.map_or(0, |p| p.len() * 4 / 3 + 4));
     out.extend_from_slice(b"{\"apiVersion\":");
     json(&mut out, &api_version)?;
@@ -268,7 +456,14 @@ mod tests {
         let outcome =
             Decision::Denied(Denial::new(DenyReason::Policy, "a \"quoted\" \\ message\n"));
         let out: Value = serde_json::from_slice(
-            &encode("admission.k8s.io/v1", "AdmissionReview", "u\"1", &outcome).unwrap(),
+            &encode(
+                "admission.k8s.io/v1",
+                "AdmissionReview",
+                "u\"1",
+                &outcome,
+                true,
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(out["response"]["uid"], "u\"1");
@@ -282,7 +477,8 @@ mod tests {
         let warned = Decision::Unchanged {
             warnings: vec!["w\"1".into()],
         };
-        let out: Value = serde_json::from_slice(&encode("v", "k", "u", &warned).unwrap()).unwrap();
+        let out: Value =
+            serde_json::from_slice(&encode("v", "k", "u", &warned, true).unwrap()).unwrap();
         assert_eq!(out["response"]["allowed"], true);
         assert_eq!(out["response"]["warnings"][0], "w\"1");
         assert!(out["response"].get("patch").is_none());
@@ -294,7 +490,7 @@ mod tests {
                          "spec": {"containers": [{"name": "c"}]}});
         let cfg = Config::default();
         let request = body("Pod", "CREATE", pod.clone());
-        let h = handle(&cfg, &request).unwrap();
+        let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
         assert!(matches!(h.decision, Decision::Mutated { .. }));
         for (kind, op) in [
             ("Pod", "UPDATE"),
@@ -302,7 +498,7 @@ mod tests {
             ("ConfigMap", "CREATE"),
         ] {
             let request = body(kind, op, pod.clone());
-            let h = handle(&cfg, &request).unwrap();
+            let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
             assert!(
                 matches!(h.decision, Decision::Unchanged { .. }),
                 "{kind} {op}"
@@ -314,10 +510,144 @@ mod tests {
         // A non-pod object that does not fit the pod view is still passed through.
         let odd = json!({"spec": {"containers": "not a list"}});
         let request = body("Widget", "CREATE", odd.clone());
-        let h = handle(&cfg, &request).unwrap();
+        let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
         assert!(matches!(h.decision, Decision::Unchanged { .. }));
         assert!(matches!(
-            handle(&cfg, &body("Pod", "CREATE", odd)),
+            handle(&cfg, None, Endpoint::Mutate, &body("Pod", "CREATE", odd)),
+            Err(ReviewError::Malformed(_))
+        ));
+    }
+
+    fn workload(kind: &str, op: &str, annotation: &str, old: Option<&str>) -> Vec<u8> {
+        let group = match kind {
+            "Job" | "CronJob" => "batch",
+            "ReplicationController" => "",
+            _ => "apps",
+        };
+        let template = |value: &str| {
+            json!({"metadata": {"annotations": {"ephemeral-volumes.io/s": value}},
+                   "spec": {"containers": [{"name": "c"}]}})
+        };
+        let object = |value: &str| {
+            let spec = if kind == "CronJob" {
+                json!({"jobTemplate": {"spec": {"template": template(value)}}})
+            } else {
+                json!({"template": template(value)})
+            };
+            json!({"metadata": {"name": "w"}, "spec": spec})
+        };
+        let mut review = json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-2", "kind": {"group": group, "version": "v1", "kind": kind},
+                        "operation": op, "namespace": "nf", "object": object(annotation)}
+        });
+        if let Some(old) = old {
+            review["request"]["oldObject"] = object(old);
+        }
+        serde_json::to_vec(&review).unwrap()
+    }
+
+    fn validate(body: &[u8]) -> (Decision, Value) {
+        let h = handle(&Config::default(), None, Endpoint::Validate, body).unwrap();
+        (h.decision, serde_json::from_slice(&h.body).unwrap())
+    }
+
+    #[test]
+    fn a_workload_is_refused_as_its_pod_would_be_and_never_patched() {
+        const BAD: &str = "type=emptyDir,mountPath=/s,size=10Gii";
+        const GOOD: &str = "type=emptyDir,mountPath=/s,size=1Gi";
+        for kind in [
+            "Job",
+            "CronJob",
+            "Deployment",
+            "StatefulSet",
+            "DaemonSet",
+            "ReplicaSet",
+            "ReplicationController",
+        ] {
+            let (decision, out) = validate(&workload(kind, "CREATE", BAD, None));
+            let Decision::Denied(d) = decision else {
+                panic!("{kind}: {decision:?}")
+            };
+            assert_eq!(out["response"]["allowed"], false, "{kind}");
+            assert_eq!(out["response"]["status"]["code"], 400, "{kind}");
+            assert!(
+                d.message.contains("annotation ephemeral-volumes.io/s"),
+                "{kind}: {}",
+                d.message
+            );
+            let (decision, out) = validate(&workload(kind, "CREATE", GOOD, None));
+            assert!(matches!(decision, Decision::Mutated { .. }), "{kind}");
+            assert_eq!(out["response"]["allowed"], true, "{kind}");
+            assert!(out["response"].get("patch").is_none(), "{kind}: {out}");
+        }
+        // The same message as the pod's, word for word.
+        let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/s": BAD}},
+                         "spec": {"containers": [{"name": "c"}]}});
+        let cfg = Config::default();
+        let pod_body = body("Pod", "CREATE", pod);
+        let as_pod = handle(&cfg, None, Endpoint::Mutate, &pod_body).unwrap();
+        let (as_job, _) = validate(&workload("Job", "CREATE", BAD, None));
+        assert_eq!(as_pod.decision, as_job);
+    }
+
+    #[test]
+    fn an_update_is_decided_only_when_it_changes_the_template() {
+        const BAD: &str = "type=emptyDir,mountPath=/s,size=10Gii";
+        const GOOD: &str = "type=emptyDir,mountPath=/s,size=1Gi";
+        // Introducing a bad annotation: refused. Removing it: admitted.
+        let (d, _) = validate(&workload("Deployment", "UPDATE", BAD, Some(GOOD)));
+        assert!(matches!(d, Decision::Denied(_)), "{d:?}");
+        let (d, out) = validate(&workload("Deployment", "UPDATE", GOOD, Some(BAD)));
+        assert!(matches!(d, Decision::Mutated { .. }), "{d:?}");
+        assert_eq!(out["response"]["allowed"], true);
+        // A template left as it was (a label, a finalizer, a workload stored before the
+        // webhook): not decided on, so its owners are never blocked by it.
+        let (d, out) = validate(&workload("Deployment", "UPDATE", BAD, Some(BAD)));
+        assert_eq!(d, unchanged());
+        assert_eq!(out["response"]["allowed"], true);
+        let (d, _) = validate(&workload("CronJob", "UPDATE", BAD, Some(BAD)));
+        assert_eq!(d, unchanged());
+    }
+
+    #[test]
+    fn the_workload_webhook_passes_what_is_not_a_pod_controller_change() {
+        const BAD: &str = "type=emptyDir,mountPath=/s,size=10Gii";
+        for (kind, op) in [
+            ("Job", "DELETE"),
+            ("ConfigMap", "CREATE"),
+            ("Pod", "CREATE"),
+        ] {
+            let (d, out) = validate(&workload(kind, op, BAD, None));
+            assert_eq!(d, unchanged(), "{kind} {op}");
+            assert_eq!(out["response"]["allowed"], true);
+        }
+        // The scale subresource cannot change the template.
+        let mut scale: Value =
+            serde_json::from_slice(&workload("Deployment", "UPDATE", BAD, Some("x"))).unwrap();
+        scale["request"]["subResource"] = json!("scale");
+        let (d, _) = validate(&serde_json::to_vec(&scale).unwrap());
+        assert_eq!(d, unchanged());
+        // A ReplicationController without a template has no pod to decide on.
+        let rc = body(
+            "ReplicationController",
+            "CREATE",
+            json!({"spec": {"replicas": 0}}),
+        );
+        let mut rc: Value = serde_json::from_slice(&rc).unwrap();
+        rc["request"]["kind"]["group"] = json!("");
+        let (d, _) = validate(&serde_json::to_vec(&rc).unwrap());
+        assert_eq!(d, unchanged());
+        // A workload whose template is not a pod is a bad request, as a bad pod is.
+        let mut odd: Value = serde_json::from_slice(&workload("Job", "CREATE", BAD, None)).unwrap();
+        odd["request"]["object"]["spec"]["template"]["spec"]["containers"] = json!("x");
+        assert!(matches!(
+            handle(
+                &Config::default(),
+                None,
+                Endpoint::Validate,
+                &serde_json::to_vec(&odd).unwrap()
+            ),
             Err(ReviewError::Malformed(_))
         ));
     }
@@ -325,9 +655,12 @@ mod tests {
     #[test]
     fn malformed_bodies_are_errors_not_panics() {
         let cfg = Config::default();
-        assert!(matches!(handle(&cfg, b"{"), Err(ReviewError::Malformed(_))));
         assert!(matches!(
-            handle(&cfg, b"[]"),
+            handle(&cfg, None, Endpoint::Mutate, b"{"),
+            Err(ReviewError::Malformed(_))
+        ));
+        assert!(matches!(
+            handle(&cfg, None, Endpoint::Mutate, b"[]"),
             Err(ReviewError::Malformed(_))
         ));
         // Invalid UTF-8, even inside a field the webhook would not read, is refused by name.
@@ -338,7 +671,7 @@ mod tests {
         );
         let at = bad.windows(2).position(|w| w == b"ab").unwrap();
         bad[at] = 0xff;
-        let err = handle(&cfg, &bad).unwrap_err();
+        let err = handle(&cfg, None, Endpoint::Mutate, &bad).unwrap_err();
         assert!(matches!(err, ReviewError::NotUtf8(_)));
         assert!(
             err.to_string().starts_with("the body is not UTF-8"),
@@ -347,6 +680,8 @@ mod tests {
         assert!(matches!(
             handle(
                 &cfg,
+                None,
+                Endpoint::Mutate,
                 br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#
             ),
             Err(ReviewError::NoRequest)
@@ -361,14 +696,14 @@ mod tests {
         .unwrap();
         let pod = |labels: Value| json!({"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c"}]}});
         let request = body("Pod", "CREATE", pod(json!({"app": "x"})));
-        let h = handle(&cfg, &request).unwrap();
+        let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
         assert!(matches!(h.decision, Decision::Mutated { .. }));
         assert_eq!(
             h.decision.injected(),
             [("tmp".to_owned(), VolumeKind::EmptyDir)]
         );
         let request = body("Pod", "CREATE", pod(json!({"app": 1})));
-        let h = handle(&cfg, &request).unwrap();
+        let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
         let Decision::Denied(d) = &h.decision else {
             panic!("{:?}", h.decision)
         };
@@ -381,7 +716,9 @@ mod tests {
             .replace("\"nf\"", "\"ns2\"")
             .into_bytes();
         assert!(matches!(
-            handle(&cfg, &other).unwrap().decision,
+            handle(&cfg, None, Endpoint::Mutate, &other)
+                .unwrap()
+                .decision,
             Decision::Unchanged { .. }
         ));
     }
@@ -396,7 +733,7 @@ mod tests {
             let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/t": annotation}},
                              "spec": {"containers": [{"name": "c"}]}});
             let request = body("Pod", "CREATE", pod);
-            let h = handle(&cfg, &request).unwrap();
+            let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
             let out: Value = serde_json::from_slice(&h.body).unwrap();
             let patch = STANDARD
                 .decode(out["response"]["patch"].as_str().unwrap())

@@ -20,7 +20,7 @@ pub enum WorkloadError {
     #[error("the input is not a Kubernetes object (no apiVersion/kind)")]
     NotAnObject,
     #[error(
-        "kind {0:?} is not supported: give a Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet"
+        "kind {0:?} is not supported: give a Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet or ReplicationController"
     )]
     /// A kind without a pod template the webhook knows.
     UnsupportedKind(String),
@@ -45,14 +45,36 @@ pub enum WorkloadError {
     Apply(String),
 }
 
-/// Where each supported kind keeps its pod.
+/// The pod controllers the workload webhook (`POST /validate`) checks: API group, kind, and the
+/// JSON pointer to the pod template each keeps.
+pub const WORKLOADS: [(&str, &str, &str); 7] = [
+    ("batch", "Job", "/spec/template"),
+    ("batch", "CronJob", "/spec/jobTemplate/spec/template"),
+    ("apps", "Deployment", "/spec/template"),
+    ("apps", "StatefulSet", "/spec/template"),
+    ("apps", "DaemonSet", "/spec/template"),
+    ("apps", "ReplicaSet", "/spec/template"),
+    ("", "ReplicationController", "/spec/template"),
+];
+
+/// Where a workload of this API group and kind keeps its pod template.
+pub fn template_pointer(group: &str, kind: &str) -> Option<&'static str> {
+    WORKLOADS
+        .iter()
+        .find(|(g, k, _)| *g == group && *k == kind)
+        .map(|(_, _, pointer)| *pointer)
+}
+
+/// Where each supported kind keeps its pod (`""` for a Pod), by kind alone: a manifest's
+/// `apiVersion` is not needed to preview it.
 pub fn template_path(kind: &str) -> Option<&'static str> {
-    Some(match kind {
-        "Pod" => "",
-        "Job" | "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" => "/spec/template",
-        "CronJob" => "/spec/jobTemplate/spec/template",
-        _ => return None,
-    })
+    if kind == "Pod" {
+        return Some("");
+    }
+    WORKLOADS
+        .iter()
+        .find(|(_, k, _)| *k == kind)
+        .map(|(_, _, pointer)| *pointer)
 }
 
 /// Parses what kubectl takes: one object, a multi-document YAML stream (empty documents

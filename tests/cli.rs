@@ -439,3 +439,54 @@ fn cluster_checks_warn_admits_with_a_warning_and_the_status_annotation_and_off_s
         text(&out.stderr)
     );
 }
+
+/// `mutate` on a workload prints the decision the workload webhook (`POST /validate`) makes on
+/// it: the same code and message when refused, admitted when it admits.
+#[test]
+fn mutate_on_a_workload_decides_as_the_workload_webhook() {
+    #[path = "common/mod.rs"]
+    mod common;
+    let cfg_text = std::fs::read_to_string(data("config.yaml")).unwrap();
+    let cfg = evi::config::Config::parse(&cfg_text).unwrap();
+    for (annotation, denied) in [
+        ("type=emptyDir,mountPath=/s,size=10Gii", true),
+        ("type=emptyDir,mountPath=/s,size=1Gi", false),
+    ] {
+        let pod = serde_json::json!({
+            "metadata": {"annotations": {"ephemeral-volumes.io/s": annotation}},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]}
+        });
+        for kind in ["Job", "CronJob", "Deployment", "ReplicationController"] {
+            let object = common::workload_of(kind, &pod);
+            let body = serde_json::to_vec(&common::workload_review(&object, None, "nf")).unwrap();
+            let webhook =
+                evi::review::handle(&cfg, None, evi::review::Endpoint::Validate, &body).unwrap();
+            let out = run(
+                &[
+                    "mutate",
+                    "--config",
+                    &data("config.yaml"),
+                    "--namespace",
+                    "nf",
+                    "-f",
+                    "-",
+                ],
+                Some(&object.to_string()),
+            );
+            let err = text(&out.stderr);
+            match webhook.decision.denial() {
+                Some(d) if denied => {
+                    assert_eq!(out.status.code(), Some(1), "{kind}: {err}");
+                    assert!(
+                        err.contains(&format!("denied ({}): {}", d.code(), d.message)),
+                        "{kind}: {err}"
+                    );
+                }
+                other => {
+                    assert!(!denied && other.is_none(), "{kind}: {:?}", webhook.decision);
+                    assert_eq!(out.status.code(), Some(0), "{kind}: {err}");
+                }
+            }
+        }
+    }
+}

@@ -172,7 +172,7 @@ policy:
 fn run(cfg: &Config, pod: &Value) -> (Value, Value) {
     let request = common::review_for(pod, "nf", "1b7d6e9a-0000-4000-8000-000000000001");
     let body = serde_json::to_vec(&request).unwrap();
-    let handled = review::handle(cfg, &body).unwrap();
+    let handled = review::handle(cfg, None, review::Endpoint::Mutate, &body).unwrap();
     let response: Value = serde_json::from_slice(&handled.body).unwrap();
     let mutated = common::apply_response(&request, &response, pod);
     (response, mutated)
@@ -226,6 +226,23 @@ proptest! {
         prop_assert_eq!(&again["response"]["allowed"], &json!(true));
         prop_assert!(again["response"].get("patch").is_none(), "second pass patched: {}", again);
         prop_assert_eq!(twice, mutated);
+    }
+
+    /// The workload webhook decides on a template exactly as the pod webhook on its pod: the
+    /// same verdict, status code, message and warnings, and never a patch.
+    #[test]
+    fn a_workload_gets_the_verdict_of_its_pod(pod in pod(), kind in prop::sample::select(vec!["Job", "CronJob", "Deployment", "StatefulSet", "ReplicationController"])) {
+        let cfg = config();
+        let (pod_response, _) = run(&cfg, &pod);
+        let workload = common::workload_of(kind, &pod);
+        let body = serde_json::to_vec(&common::workload_review(&workload, None, "nf")).unwrap();
+        let handled = review::handle(&cfg, None, review::Endpoint::Validate, &body).unwrap();
+        let response: Value = serde_json::from_slice(&handled.body).unwrap();
+        let (p, w) = (&pod_response["response"], &response["response"]);
+        prop_assert_eq!(&w["allowed"], &p["allowed"], "{} vs {}", w, p);
+        prop_assert_eq!(&w["status"], &p["status"]);
+        prop_assert_eq!(&w["warnings"], &p["warnings"]);
+        prop_assert!(w.get("patch").is_none() && w.get("patchType").is_none(), "{}", w);
     }
 
     #[test]

@@ -42,7 +42,7 @@ struct Decision {
 fn decide(cfg: &Config, pod: &Value) -> Decision {
     let request = common::review_for(pod, "nf", "5e0c1a2b-0000-4000-8000-00000000000a");
     let body = serde_json::to_vec(&request).unwrap();
-    let handled = review::handle(cfg, &body).unwrap();
+    let handled = review::handle(cfg, None, review::Endpoint::Mutate, &body).unwrap();
     let response: Value = serde_json::from_slice(&handled.body).unwrap();
     let r = &response["response"];
     Decision {

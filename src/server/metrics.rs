@@ -21,6 +21,20 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// A workload review (`POST /validate`): the workload's kind and the result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabel {
+    pub kind: &'static str,
+    pub result: &'static str,
+}
+
+/// A pod refused, by its controller's kind (`none` for a bare pod) and the reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OwnerLabel {
+    pub owner_kind: &'static str,
+    pub reason: &'static str,
+}
+
 /// A reload's outcome and, for a failure, why (`read`, `invalid`, `key-mismatch`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
@@ -52,6 +66,8 @@ pub struct Metrics {
     pub duration: Histogram,
     pub volumes: Family<KindLabel, Counter>,
     pub denials: Family<ReasonLabel, Counter>,
+    pub workload_reviews: Family<WorkloadLabel, Counter>,
+    pub denials_by_owner: Family<OwnerLabel, Counter>,
     pub config_reloads: Family<ReloadLabel, Counter>,
     pub cert_reloads: Family<ReloadLabel, Counter>,
     pub cert_not_after: Gauge,
@@ -96,6 +112,18 @@ impl Default for Metrics {
             "denials",
             "Pods refused (or, with onError warn, admitted without volumes), by reason",
             denials.clone(),
+        );
+        let workload_reviews = Family::<WorkloadLabel, Counter>::default();
+        registry.register(
+            "workload_reviews",
+            "Pod controllers checked at POST /validate, by kind (Job, CronJob, Deployment, …) and result (allowed, denied, admitted-on-error, invalid)",
+            workload_reviews.clone(),
+        );
+        let denials_by_owner = Family::<OwnerLabel, Counter>::default();
+        registry.register(
+            "pod_denials_by_owner",
+            "Pods refused at POST /mutate, by the kind of their controller (Job, ReplicaSet, …; none for a bare pod; other for any other kind) and reason",
+            denials_by_owner.clone(),
         );
         let config_reloads = Family::<ReloadLabel, Counter>::default();
         registry.register(
@@ -163,6 +191,8 @@ impl Default for Metrics {
             duration,
             volumes,
             denials,
+            workload_reviews,
+            denials_by_owner,
             config_reloads,
             cert_reloads,
             cert_not_after,

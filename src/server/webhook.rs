@@ -1,4 +1,5 @@
-//! The webhook port's one route: `POST /mutate`, an AdmissionReview in, one out. The body is
+//! The webhook port's two routes: `POST /mutate` (pods, patched) and `POST /validate` (pod
+//! controllers' templates, admitted or refused), an AdmissionReview in, one out. The body is
 //! read within its size and time bounds, the decision is made by [`crate::review`], and the
 //! outcome is counted and logged.
 
@@ -18,15 +19,22 @@ use axum::{
 
 use super::{
     AppState, json_error,
-    metrics::{KindLabel, Metrics, ReasonLabel, ResultLabel},
+    metrics::{KindLabel, Metrics, OwnerLabel, ReasonLabel, ResultLabel, WorkloadLabel},
     with_json_errors,
 };
 use crate::{decision::Decision, review};
 
 /// The webhook port's router.
 pub fn router(state: Arc<AppState>) -> Router {
-    let router = Router::new().route("/mutate", post(mutate));
-    with_json_errors(router, state, "webhook", "the webhook is POST /mutate")
+    let router = Router::new()
+        .route("/mutate", post(mutate))
+        .route("/validate", post(validate));
+    with_json_errors(
+        router,
+        state,
+        "webhook",
+        "the webhook is POST /mutate (pods) and POST /validate (pod controllers)",
+    )
 }
 
 /// The body, within the size and time bounds. A `Content-Length` over the limit is refused
@@ -97,7 +105,19 @@ async fn collect(mut body: axum::body::Body, limit: usize) -> Result<Option<Byte
 }
 
 async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
-    let body = match read_body(&state, req).await {
+    review_at(&state, review::Endpoint::Mutate, req).await
+}
+
+async fn validate(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    review_at(&state, review::Endpoint::Validate, req).await
+}
+
+async fn review_at(
+    state: &AppState,
+    endpoint: review::Endpoint,
+    req: axum::extract::Request,
+) -> Response {
+    let body = match read_body(state, req).await {
         Ok(b) => b,
         Err(response) => return response,
     };
@@ -111,9 +131,12 @@ async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request)
             state: s,
             complete: *complete,
         });
-    let response = match review::handle_in(&config, known, &body) {
+    let response = match review::handle(&config, known, endpoint, &body) {
         Ok(h) => {
-            record(m, &h);
+            match endpoint {
+                review::Endpoint::Mutate => record(m, &h),
+                review::Endpoint::Validate => record_workload(m, &h),
+            }
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "application/json")],
@@ -122,15 +145,88 @@ async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request)
                 .into_response()
         }
         Err(e) => {
-            m.requests
-                .get_or_create(&ResultLabel { result: "invalid" })
-                .inc();
+            match endpoint {
+                review::Endpoint::Mutate => {
+                    m.requests.get_or_create(&ResultLabel { result: "invalid" })
+                }
+                review::Endpoint::Validate => m.workload_reviews.get_or_create(&WorkloadLabel {
+                    kind: "unknown",
+                    result: "invalid",
+                }),
+            }
+            .inc();
             tracing::debug!(error = %e, "bad request");
             json_error(StatusCode::BAD_REQUEST, &e.to_string())
         }
     };
     m.duration.observe(start.elapsed().as_secs_f64());
     response
+}
+
+/// The controller kinds a pod refusal is counted under; any other is `other` (the label's
+/// values stay few whatever clients write in `ownerReferences`).
+const OWNER_KINDS: [&str; 6] = [
+    "Job",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicationController",
+    "CronJob",
+];
+
+fn owner_kind(h: &review::Handled<'_>) -> &'static str {
+    match &h.subject.owner {
+        None => "none",
+        Some((kind, _)) => OWNER_KINDS
+            .iter()
+            .find(|k| **k == kind.as_ref())
+            .copied()
+            .unwrap_or("other"),
+    }
+}
+
+/// The pod's controller as `Kind/name` for the decision log (empty for a bare pod).
+fn owner(h: &review::Handled<'_>) -> String {
+    h.subject
+        .owner
+        .as_ref()
+        .map(|(kind, name)| format!("{kind}/{name}"))
+        .unwrap_or_default()
+}
+
+/// A workload review in the metrics and the decision log.
+fn record_workload(m: &Metrics, h: &review::Handled<'_>) {
+    let d = &h.decision;
+    let kind = crate::workload::WORKLOADS
+        .iter()
+        .map(|(_, k, _)| *k)
+        .find(|k| *k == h.subject.kind)
+        .unwrap_or("unknown");
+    let result = match d {
+        Decision::Denied(_) => "denied",
+        Decision::AdmittedDespiteError { .. } => "admitted-on-error",
+        Decision::Unchanged { .. } | Decision::Mutated { .. } => "allowed",
+    };
+    m.workload_reviews
+        .get_or_create(&WorkloadLabel { kind, result })
+        .inc();
+    let workload = format!("{}/{}", h.subject.kind, h.subject.name);
+    match d.denial() {
+        Some(denial) if !d.allowed() => {
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, workload = %workload, dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %denial.message, "workload denied");
+        }
+        Some(denial) => {
+            tracing::warn!(uid = %h.uid, namespace = %h.namespace, workload = %workload, dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %denial.message,
+                "workload admitted; its pods will get no volumes (onError: warn)");
+        }
+        None => {
+            let volumes: Vec<&str> = d.injected().iter().map(|(n, _)| n.as_str()).collect();
+            tracing::debug!(uid = %h.uid, namespace = %h.namespace, workload = %workload,
+                volumes = %volumes.join(","), "workload allowed");
+        }
+    }
 }
 
 /// The decision in the metrics and the decision log.
@@ -153,24 +249,30 @@ fn record(m: &Metrics, h: &review::Handled<'_>) {
                     reason: denial.reason.as_str(),
                 })
                 .inc();
-            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
-                reason = denial.reason.as_str(), denial = %denial.message, "denied");
+            m.denials_by_owner
+                .get_or_create(&OwnerLabel {
+                    owner_kind: owner_kind(h),
+                    reason: denial.reason.as_str(),
+                })
+                .inc();
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h),
+                dry_run = h.dry_run, reason = denial.reason.as_str(), denial = %denial.message, "denied");
         }
         Decision::AdmittedDespiteError { denial, .. } => {
             m.denials
                 .get_or_create(&ReasonLabel { reason: d.label() })
                 .inc();
-            tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+            tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h), dry_run = h.dry_run,
                 reason = denial.reason.as_str(), denial = %denial.message,
                 "admitted without volumes (onError: warn)");
         }
         Decision::Mutated { injected, .. } => {
             let volumes: Vec<&str> = injected.iter().map(|(n, _)| n.as_str()).collect();
-            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, dry_run = h.dry_run,
+            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h), dry_run = h.dry_run,
                 volumes = %volumes.join(","), "mutated");
         }
         Decision::Unchanged { .. } => {
-            tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.pod, "unchanged");
+            tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, "unchanged");
         }
     }
 }
@@ -250,6 +352,62 @@ mod tests {
         assert!(!text.contains("admitted-on-error\"} "), "{text}");
     }
 
+    async fn post_to(
+        state: &Arc<AppState>,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> serde_json::Value {
+        let request = axum::http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn workloads_are_counted_by_kind_and_refused_pods_by_their_owner() {
+        let state = state("");
+        let bad = serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountpath=/s"});
+        let good = serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s"});
+        let job = |annotations: &serde_json::Value| {
+            let mut r = review(annotations.clone());
+            let pod = r["request"]["object"].take();
+            r["request"]["kind"] =
+                serde_json::json!({"group": "batch", "version": "v1", "kind": "Job"});
+            r["request"]["object"] =
+                serde_json::json!({"metadata": {"name": "nf-1"}, "spec": {"template": pod}});
+            r
+        };
+        let refused = post_to(&state, "/validate", &job(&bad)).await;
+        assert_eq!(refused["response"]["allowed"], false);
+        assert_eq!(refused["response"]["status"]["code"], 400);
+        let admitted = post_to(&state, "/validate", &job(&good)).await;
+        assert_eq!(admitted["response"]["allowed"], true);
+        assert!(admitted["response"].get("patch").is_none());
+        // The pod of a Job, refused at creation (its template changed since, say).
+        let mut pod = review(bad.clone());
+        pod["request"]["object"]["metadata"]["ownerReferences"] = serde_json::json!([
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "nf-1", "uid": "1", "controller": true}]);
+        post_to(&state, "/mutate", &pod).await;
+        post_to(&state, "/mutate", &review(bad)).await;
+        let text = state.metrics.encode();
+        for line in [
+            "evi_workload_reviews_total{kind=\"Job\",result=\"denied\"} 1",
+            "evi_workload_reviews_total{kind=\"Job\",result=\"allowed\"} 1",
+            "evi_pod_denials_by_owner_total{owner_kind=\"Job\",reason=\"invalid\"} 1",
+            "evi_pod_denials_by_owner_total{owner_kind=\"none\",reason=\"invalid\"} 1",
+            // Workload reviews are not pod admissions.
+            "evi_admission_requests_total{result=\"denied\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+    }
+
     #[tokio::test]
     async fn a_body_without_a_length_is_refused_when_it_passes_the_limit() {
         let state = state("");
@@ -323,7 +481,7 @@ mod tests {
         let (s, b) = send(&state, "GET", "/mutate", vec![]).await;
         assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
         assert!(error(&b).contains("POST /mutate"), "{b}");
-        let (s, b) = send(&state, "POST", "/validate", vec![]).await;
+        let (s, b) = send(&state, "POST", "/other", vec![]).await;
         assert_eq!(s, StatusCode::NOT_FOUND);
         assert!(error(&b).contains("POST /mutate"), "{b}");
 

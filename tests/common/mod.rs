@@ -31,6 +31,58 @@ pub fn review_for(pod: &Value, namespace: &str, uid: &str) -> Value {
     })
 }
 
+/// A pod controller of `kind` (`Job`, `CronJob`, `Deployment`, …) whose pod template is `pod`
+/// (its name and namespace dropped, as in a template), Nextflow-shaped for a Job.
+pub fn workload_of(kind: &str, pod: &Value) -> Value {
+    let mut template = pod.clone();
+    if let Some(meta) = template["metadata"].as_object_mut() {
+        meta.remove("name");
+        meta.remove("namespace");
+        meta.remove("generateName");
+    }
+    let (api_version, spec) = match kind {
+        "Job" => ("batch/v1", json!({"backoffLimit": 0, "template": template})),
+        "CronJob" => (
+            "batch/v1",
+            json!({"schedule": "*/5 * * * *",
+                   "jobTemplate": {"spec": {"backoffLimit": 0, "template": template}}}),
+        ),
+        "ReplicationController" => ("v1", json!({"replicas": 1, "template": template})),
+        _ => (
+            "apps/v1",
+            json!({"replicas": 1, "selector": {"matchLabels": {"app": "x"}}, "template": template}),
+        ),
+    };
+    json!({"apiVersion": api_version, "kind": kind,
+           "metadata": {"name": "nf-task-1", "labels": {"nextflow.io/app": "nextflow"}},
+           "spec": spec})
+}
+
+/// An AdmissionReview as the API server sends it to the workload webhook for `operation`
+/// (`CREATE`, or `UPDATE` with `old`) of `object`.
+pub fn workload_review(object: &Value, old: Option<&Value>, namespace: &str) -> Value {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let resource = format!("{}s", kind.to_lowercase());
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "5c1e2d3f-0000-4000-8000-000000000002",
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "name": object["metadata"]["name"].clone(),
+            "namespace": namespace,
+            "operation": if old.is_some() { "UPDATE" } else { "CREATE" },
+            "userInfo": {"username": "nextflow", "groups": ["system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false
+        }
+    })
+}
+
 /// Checks the response envelope and applies its patch (if any) to `pod`.
 pub fn apply_response(request: &Value, response: &Value, pod: &Value) -> Value {
     assert_eq!(response["apiVersion"], request["apiVersion"]);

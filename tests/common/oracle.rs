@@ -6,7 +6,7 @@ use base64::{Engine as _, engine::general_purpose::STANDARD};
 use serde_json::Value;
 
 pub fn check_review(cfg: &evi::config::Config, data: &[u8]) {
-    let Ok(handled) = evi::review::handle(cfg, data) else {
+    let Ok(handled) = evi::review::handle(cfg, None, evi::review::Endpoint::Mutate, data) else {
         return;
     };
     let response: Value = serde_json::from_slice(&handled.body).expect("response is JSON");
