@@ -23,7 +23,7 @@ BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
 HELM = os.environ.get("HELM") or shutil.which("helm") or str(Path.home() / ".cache/evi-tools/bin/helm")
 BUILTIN_KINDS = {
     "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
-    "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount",
+    "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ValidatingWebhookConfiguration",
 }
 
 NEXTFLOW_VALUES = {
@@ -153,6 +153,79 @@ def test_old_clusters_fall_back_to_the_documented_object_selector():
     w = webhook(render(kube_version="1.27.0"))
     assert "matchConditions" not in w
     assert w["objectSelector"] == {"matchLabels": {"ephemeral-volumes.io/inject": "true"}}
+
+
+def workload_webhooks(docs):
+    return {w["name"].split(".")[0]: w for w in by_kind(docs, "ValidatingWebhookConfiguration")[0]["webhooks"]}
+
+
+def test_the_workload_webhook_is_scoped_like_the_pod_webhook():
+    docs = render("--set", "webhook.excludeNamespaces={monitoring}", "--set", "webhook.failurePolicy=Ignore",
+                  values=NEXTFLOW_VALUES, ns="platform")
+    pods = webhook(docs)
+    hooks = workload_webhooks(docs)
+    assert set(hooks) == {"workloads", "cronjobs"}
+    resources = {r for w in hooks.values() for rule in w["rules"] for r in rule["resources"]}
+    assert resources == {"jobs", "cronjobs", "deployments", "statefulsets", "daemonsets", "replicasets",
+                         "replicationcontrollers"}
+    for w in hooks.values():
+        assert w["namespaceSelector"] == pods["namespaceSelector"]
+        assert (w["failurePolicy"], w["timeoutSeconds"]) == (pods["failurePolicy"], pods["timeoutSeconds"])
+        assert w["clientConfig"]["service"]["path"] == "/validate"
+        assert w["clientConfig"]["caBundle"] == pods["clientConfig"]["caBundle"]
+        assert all(set(r["operations"]) == {"CREATE", "UPDATE"} for r in w["rules"])
+        assert "reinvocationPolicy" not in w and "patchType" not in json.dumps(w)
+    # The template's metadata, guarded so that the expression never fails to evaluate.
+    expr = hooks["cronjobs"]["matchConditions"][1]["expression"]
+    assert "object.spec.jobTemplate.spec.template.metadata.annotations.exists(k, k.startsWith('ephemeral-volumes.io/'))" in expr
+    assert "object.spec.jobTemplate.spec.template.metadata.labels['nextflow.io/app'] == 'nextflow'" in expr
+    assert "has(object.spec.jobTemplate.spec.template.metadata)" in expr
+    # With webhook.url, the same address with /validate; or its own.
+    docs = render("--set", "webhook.url=https://10.0.0.1:8443/mutate")
+    assert {w["clientConfig"]["url"] for w in workload_webhooks(docs).values()} == {"https://10.0.0.1:8443/validate"}
+    docs = render("--set", "webhook.url=https://10.0.0.1:8443/mutate", "--set", "webhook.workloads.url=https://h/v")
+    assert {w["clientConfig"]["url"] for w in workload_webhooks(docs).values()} == {"https://h/v"}
+
+
+def test_the_workload_webhook_needs_match_conditions_and_can_be_turned_off():
+    # Without matchConditions (before 1.28) every workload would be sent: none is rendered.
+    assert not [d for d in render(kube_version="1.27.0") if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert not [d for d in render("--set", "webhook.workloads.enabled=false")
+                if d["kind"] == "ValidatingWebhookConfiguration"]
+
+
+def test_workload_match_conditions_evaluate_as_the_api_server_would():
+    """The workload webhook's CEL on Jobs, CronJobs and Deployments, CREATE and UPDATE."""
+    import celpy
+
+    hooks = workload_webhooks(render(values=NEXTFLOW_VALUES))
+
+    def sent(hook, obj, old=None, namespace="nf"):
+        activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                      "request": celpy.json_to_cel({"namespace": namespace,
+                                                    "operation": "UPDATE" if old else "CREATE"})}
+        return all(bool(cel_program(c["expression"]).evaluate(activation)) for c in hooks[hook]["matchConditions"])
+
+    def job(meta):
+        return {"spec": {"template": {"metadata": meta, "spec": {}}}}
+
+    def cron(meta):
+        return {"spec": {"jobTemplate": {"spec": {"template": {"metadata": meta, "spec": {}}}}}}
+
+    asks = {"annotations": {"ephemeral-volumes.io/scratch": "ebs-200g"}}
+    nextflow = {"labels": {"nextflow.io/app": "nextflow"}}
+    for hook, shape in (("workloads", job), ("cronjobs", cron)):
+        assert sent(hook, shape(asks), namespace="anywhere")
+        assert sent(hook, shape(nextflow))
+        assert not sent(hook, shape(nextflow), namespace="default")
+        assert not sent(hook, shape({}))
+        assert not sent(hook, shape({"annotations": {"other/x": "y"}}))
+        # A template without metadata, or no template: not sent, and no evaluation error.
+        assert not sent(hook, {"spec": {}})
+        # UPDATE: sent only when the template changes.
+        assert not sent(hook, shape(asks), old=shape(asks))
+        assert sent(hook, shape(asks), old=shape({}))
+        assert not sent(hook, shape({}), old=shape(asks))
 
 
 def test_pod_security():

@@ -55,6 +55,32 @@ def test_with_the_webhook_down_only_pods_that_ask_are_refused(cluster, stopped):
         cluster.create_pod(pod(namespace=ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}))
 
 
+def job(namespace: str, annotations: dict | None = None, labels: dict | None = None) -> dict:
+    template = pod(namespace=namespace, annotations=annotations, labels=labels)
+    for k in ("generateName", "namespace"):
+        template["metadata"].pop(k, None)
+    template.pop("apiVersion")
+    template.pop("kind")
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"generateName": "nf-", "namespace": namespace},
+            "spec": {"backoffLimit": 0, "template": template}}
+
+
+def test_with_the_webhook_down_a_job_that_asks_is_refused_at_creation(cluster, stopped):
+    ns = "nf-down"
+    asks = cluster.create(job(ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}), check=False)
+    assert asks.returncode != 0, "a Job whose pods can never be admitted must not be created"
+    assert "failed calling webhook" in asks.stderr and f"workloads.{P}" in asks.stderr, asks.stderr
+    by_rule = cluster.create(job(ns, labels={"nextflow.io/app": "nextflow"}), check=False)
+    assert by_rule.returncode != 0 and f"workloads.{P}" in by_rule.stderr, by_rule.stderr
+    # A Job that asks for nothing is never sent.
+    nothing = json.loads(cluster.create(job(ns, annotations={"other.example.com/a": "b"}, labels={"app": "x"})).stdout)
+    assert nothing["kind"] == "Job"
+    cluster.kubectl("delete", "job", nothing["metadata"]["name"], "-n", ns, "--wait=false")
+    # Excluded namespaces: neither pods nor workloads are ever sent.
+    for ns in (RELEASE_NS, "excluded"):
+        cluster.create(job(ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}), "--dry-run=server")
+
+
 # === the chart's CEL against the webhook's matcher ===
 
 RULE_SHAPES = [
@@ -122,6 +148,68 @@ def test_chart_match_conditions_agree_with_the_webhook_on_every_rule_shape(clust
                                          f"{'matches' if ours else 'does not match'}")
         finally:
             cluster.kubectl("delete", "mutatingwebhookconfiguration", mwc["metadata"]["name"], "--wait=true")
+            wait_for("the configuration to be gone",
+                     lambda: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
+    assert not disagreements, "\n".join(disagreements)
+
+
+def workload_of(kind: str, name: str, namespace: str, labels: dict | None) -> dict:
+    """A workload of `kind` whose pod template has `labels` and no annotations."""
+    template = {"metadata": {"labels": labels} if labels is not None else {},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}
+    if kind == "Job":
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"backoffLimit": 0, "template": template}}
+    if kind == "CronJob":
+        return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"schedule": "0 0 1 1 *", "jobTemplate": {"spec": {"template": template}}}}
+    template["spec"]["restartPolicy"] = "Always"
+    template["metadata"].setdefault("labels", {})["sel"] = name
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"selector": {"matchLabels": {"sel": name}}, "template": template}}
+
+
+def test_chart_workload_match_conditions_agree_with_the_webhook_on_every_rule_shape(cluster, tmp_path):
+    """The ValidatingWebhookConfiguration's CEL (template labels, one level deeper for CronJob),
+    compiled by the API server, against the webhook's own matcher on the same templates."""
+    for ns in NAMESPACES:
+        cluster.namespace(ns)
+    cases = list(itertools.product(NAMESPACES, range(len(LABELS))))
+    disagreements = []
+    for i, shape in enumerate(RULE_SHAPES):
+        config = {"annotationPrefix": "celw.example.com", "rules": [{"name": f"r{i}", **shape,
+                             "volumes": {"v": "type=emptyDir,mountPath=/v,size=1Gi"}}]}
+        values = tmp_path / f"values-w{i}.yaml"
+        values.write_text(yaml.safe_dump({"config": config, "webhook": {"url": "https://127.0.0.1:1/mutate"}}))
+        rendered = subprocess.run([HELM, "template", f"celw{i}", str(CHART), "-n", RELEASE_NS, "-f", str(values),
+                                   "--kube-version", "1.37.0", "--show-only", "templates/webhook.yaml"],
+                                  capture_output=True, text=True, check=True).stdout
+        vwc = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ValidatingWebhookConfiguration")
+        cluster.create(vwc)
+        probe = workload_of("Job", "probe", "a", None)
+        probe["spec"]["template"]["metadata"]["annotations"] = {"celw.example.com/x": "type=emptyDir,mountPath=/x"}
+        wait_for("the configuration to take effect",
+                 lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+        ours = {(ns, j): webhook_matches(config, ns, LABELS[j], tmp_path) for ns, j in cases}
+        try:
+            for kind in ("Job", "CronJob", "Deployment"):
+                # One kubectl call per kind: every (namespace, labels) case in a List; the API
+                # server refuses exactly those its CEL sends to the closed port.
+                items = [workload_of(kind, f"w-{ns}-{j}", ns, LABELS[j]) for ns, j in cases]
+                out = cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=json.dumps(
+                    {"apiVersion": "v1", "kind": "List", "items": items}), check=False)
+                admitted = {line.rsplit("/", 1)[-1] for line in out.stdout.split()}
+                for ns, j in cases:
+                    name = f"w-{ns}-{j}"
+                    sent = name not in admitted
+                    if sent:
+                        assert "failed calling webhook" in out.stderr, out.stderr
+                    if sent != ours[ns, j]:
+                        disagreements.append(f"{kind}, rule {shape}, namespace {ns}, labels {LABELS[j]}: "
+                                             f"API server CEL {'sends' if sent else 'skips'}, webhook "
+                                             f"{'matches' if ours[ns, j] else 'does not match'}")
+        finally:
+            cluster.kubectl("delete", "validatingwebhookconfiguration", vwc["metadata"]["name"], "--wait=true")
             wait_for("the configuration to be gone",
                      lambda: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
     assert not disagreements, "\n".join(disagreements)

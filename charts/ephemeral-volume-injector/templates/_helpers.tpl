@@ -50,11 +50,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/*
 CEL for matchConditions: true for pods that carry an annotation under the prefix, or that a
 configured rule would match (namespace list and label selector). Only those reach the webhook.
+Called with the chart's context for pods, or with a dict for a workload's pod template:
+  root: the chart's context; meta: the CEL path of the template's metadata
+  (object.spec.template.metadata); guard: has() checks that the template and its metadata
+  exist, so that the expression never fails to evaluate (an error would apply failurePolicy).
 */}}
 {{- define "evi.matchExpression" -}}
-{{- $prefix := include "evi.prefix" . -}}
-{{- $terms := list (printf "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('%s/')))" $prefix) -}}
-{{- range .Values.config.rules -}}
+{{- $root := . -}}{{- $meta := "object.metadata" -}}{{- $guard := "" -}}
+{{- if hasKey . "meta" }}{{ $root = .root }}{{ $meta = .meta }}{{ $guard = .guard }}{{ end -}}
+{{- $prefix := include "evi.prefix" $root -}}
+{{- $annotations := printf "%s.annotations" $meta -}}
+{{- $hasAnnotations := printf "has(%s)" $annotations -}}
+{{- $labels := printf "%s.labels" $meta -}}
+{{- $hasLabels := printf "has(%s)" $labels -}}
+{{- if $guard }}
+{{- $hasAnnotations = printf "%s && has(%s)" $guard $annotations -}}
+{{- $hasLabels = printf "(%s && has(%s))" $guard $labels -}}
+{{- end -}}
+{{- $terms := list (printf "(%s && %s.exists(k, k.startsWith('%s/')))" $hasAnnotations $annotations $prefix) -}}
+{{- range $root.Values.config.rules -}}
 {{- $parts := list -}}
 {{- if .namespaces -}}
 {{- $ns := list -}}
@@ -62,21 +76,20 @@ configured rule would match (namespace list and label selector). Only those reac
 {{- $parts = append $parts (printf "request.namespace in [%s]" (join ", " $ns)) -}}
 {{- end -}}
 {{- with .podSelector -}}
-{{- $labels := "object.metadata.labels" -}}
 {{- range $k, $v := .matchLabels -}}
-{{- $parts = append $parts (printf "(has(%s) && '%s' in %s && %s['%s'] == '%s')" $labels $k $labels $labels $k $v) -}}
+{{- $parts = append $parts (printf "(%s && '%s' in %s && %s['%s'] == '%s')" $hasLabels $k $labels $labels $k $v) -}}
 {{- end -}}
 {{- range .matchExpressions -}}
 {{- $vals := list -}}
 {{- range .values }}{{ $vals = append $vals (printf "'%s'" .) }}{{ end -}}
 {{- if eq .operator "In" -}}
-{{- $parts = append $parts (printf "(has(%s) && '%s' in %s && %s['%s'] in [%s])" $labels .key $labels $labels .key (join ", " $vals)) -}}
+{{- $parts = append $parts (printf "(%s && '%s' in %s && %s['%s'] in [%s])" $hasLabels .key $labels $labels .key (join ", " $vals)) -}}
 {{- else if eq .operator "NotIn" -}}
-{{- $parts = append $parts (printf "(!has(%s) || !('%s' in %s) || !(%s['%s'] in [%s]))" $labels .key $labels $labels .key (join ", " $vals)) -}}
+{{- $parts = append $parts (printf "(!%s || !('%s' in %s) || !(%s['%s'] in [%s]))" $hasLabels .key $labels $labels .key (join ", " $vals)) -}}
 {{- else if eq .operator "Exists" -}}
-{{- $parts = append $parts (printf "(has(%s) && '%s' in %s)" $labels .key $labels) -}}
+{{- $parts = append $parts (printf "(%s && '%s' in %s)" $hasLabels .key $labels) -}}
 {{- else if eq .operator "DoesNotExist" -}}
-{{- $parts = append $parts (printf "(!has(%s) || !('%s' in %s))" $labels .key $labels) -}}
+{{- $parts = append $parts (printf "(!%s || !('%s' in %s))" $hasLabels .key $labels) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -90,10 +103,41 @@ configured rule would match (namespace list and label selector). Only those reac
 {{- end -}}
 
 {{/*
+The URL of the workload webhook when webhook.url is set: webhook.workloads.url, else
+webhook.url with its path /mutate made /validate.
+*/}}
+{{- define "evi.validateUrl" -}}
+{{- if .Values.webhook.workloads.url -}}
+{{- .Values.webhook.workloads.url -}}
+{{- else -}}
+{{- regexReplaceAll "/mutate$" .Values.webhook.url "/validate" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Whether the webhook reads the cluster (CSIDriver and StorageClass watches): unless
 config.clusterChecks is off. Then it needs its service-account token, RBAC and egress to the
 API server.
 */}}
 {{- define "evi.clusterChecks" -}}
 {{- if ne (default "enforce" .Values.config.clusterChecks) "off" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Which namespaces the webhooks are called for: never kube-system, the release namespace or
+webhook.excludeNamespaces; within webhook.namespaceSelector.
+*/}}
+{{- define "evi.namespaceSelector" -}}
+{{- with .Values.webhook.namespaceSelector.matchLabels }}
+matchLabels:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values:
+      {{- toYaml (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) | nindent 6 }}
+  {{- with .Values.webhook.namespaceSelector.matchExpressions }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end -}}

@@ -1,0 +1,197 @@
+"""Nextflow's Job mode against the real API server and kube-controller-manager's job controller:
+a workload whose pods would be refused is refused at its own creation (the workload webhook,
+POST /validate), a good one is stored as submitted and its pods get their volumes, and a refusal
+only the pod can show (a StorageClass deleted after the Job was admitted) reaches the Job's
+FailedCreate event word for word, counted by owner kind and logged with the owner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import BINARY, RELEASE_NS, Release, pod, volumes_by_name, wait_for
+
+P = "ephemeral-volumes.io"
+NS = "nf-jobs"
+BAD_SIZE = "type=emptyDir,mountPath=/scratch,size=10Gii"
+GOOD = "type=emptyDir,mountPath=/scratch,size=1Gi,env=TMPDIR"
+CLASS = "jobs-gp3"
+OBJECTS = [
+    {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "jobs.csi.example.com"},
+     "spec": {"attachRequired": False, "volumeLifecycleModes": ["Persistent", "Ephemeral"]}},
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": CLASS},
+     "provisioner": "jobs.csi.example.com"},
+]
+
+
+def nextflow_job(name: str, annotations: dict, suspend: bool = False) -> dict:
+    """A Job as Nextflow 26.10 submits it (PodSpecBuilder.buildAsJob): nextflow.io labels,
+    backoffLimit 0, the task's annotations in the pod template."""
+    template = pod(namespace=NS, annotations=annotations, labels={"nextflow.io/app": "nextflow",
+                                                                  "nextflow.io/taskName": "align_1"})
+    template["metadata"].pop("generateName")
+    template["metadata"].pop("namespace")
+    template.pop("apiVersion")
+    template.pop("kind")
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": NS,
+                         "labels": {"nextflow.io/app": "nextflow", "nextflow.io/runName": "happy_turing"}},
+            "spec": {"backoffLimit": 0, "suspend": suspend, "template": template}}
+
+
+def cronjob(name: str, annotations: dict) -> dict:
+    job = nextflow_job(name, annotations)
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": NS},
+            "spec": {"schedule": "0 0 1 1 *", "jobTemplate": {"spec": job["spec"]}}}
+
+
+def deployment(name: str, annotations: dict) -> dict:
+    template = nextflow_job(name, annotations)["spec"]["template"]
+    template["metadata"]["labels"]["app"] = name
+    template["spec"]["restartPolicy"] = "Always"
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template}}
+
+
+def preview_denial(release: Release, obj: dict) -> str:
+    """The message `mutate` gives for the object with the release's configuration."""
+    cfg = release.dir / "preview-config.yaml"
+    cfg.write_text(release.config())
+    out = subprocess.run([str(BINARY), "mutate", "--config", str(cfg), "-n", NS, "-f", "-"],
+                         input=json.dumps(obj), capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    line = next(ln for ln in out.stderr.splitlines() if ln.startswith("denied ("))
+    return line.split("): ", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, tmp_path_factory):
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": OBJECTS}))
+    values = {"config": {"clusterChecks": "enforce", "profiles": {
+        "disk": {"mountPath": "/scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
+            "resources": {"requests": {"storage": "1Gi"}}}}}}}}}
+    r = Release(cluster, "evi-jobs", values, tmp_path_factory.mktemp("jobs")).install()
+    r.start_webhook("--kubeconfig", str(r.service_account_kubeconfig()), "--cluster-sync-timeout-seconds", "20")
+    cluster.namespace(NS)
+    probe = nextflow_job("probe", {f"{P}/s": BAD_SIZE})
+    wait_for("the workload webhook to take effect",
+             lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+    yield r
+    r.uninstall()
+    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": OBJECTS}))
+
+
+def refused(cluster, obj: dict) -> str:
+    out = cluster.create(obj, check=False)
+    assert out.returncode != 0, f"{obj['kind']} {obj['metadata']['name']} was admitted"
+    return out.stderr
+
+
+def test_a_nextflow_job_with_a_bad_size_is_refused_at_creation_and_nothing_is_stored(cluster, jobs):
+    job = nextflow_job("nf-bad-size", {f"{P}/scratch": BAD_SIZE})
+    err = refused(cluster, job)
+    message = preview_denial(jobs, job)
+    assert "annotation ephemeral-volumes.io/scratch" in message and "10Gii" in message, message
+    # The API server's words around ours: which webhook, and our message unchanged.
+    assert f'admission webhook "workloads.{P}" denied the request: {message}' in err, err
+    assert "BadRequest" in err or "(BadRequest)" in err or "Error from server" in err, err
+    gone = cluster.kubectl("get", "job", "nf-bad-size", "-n", NS, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
+    assert jobs.webhook.metric("evi_workload_reviews_total", kind="Job", result="denied") >= 1
+
+
+def test_a_good_job_is_stored_as_submitted_and_its_pod_gets_the_volume(cluster, jobs):
+    job = nextflow_job("nf-good", {f"{P}/scratch": GOOD})
+    stored = json.loads(cluster.create(job).stdout)
+    template = stored["spec"]["template"]
+    # As submitted: the workload webhook never patches (the pod webhook writes the volume).
+    assert "volumes" not in template["spec"], template["spec"]
+    assert "volumeMounts" not in template["spec"]["containers"][0]
+    assert template["metadata"]["annotations"] == {f"{P}/scratch": GOOD}
+    pods = wait_for("the job controller's pod", lambda: cluster.get(
+        "pods", "-n", NS, "-l", "job-name=nf-good")["items"], timeout=60)
+    (p,) = pods
+    assert p["metadata"]["generateName"].startswith("nf-good-"), p["metadata"]
+    assert p["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    assert volumes_by_name(p)["scratch"]["emptyDir"] == {"sizeLimit": "1Gi"}
+    c = p["spec"]["containers"][0]
+    assert {"name": "scratch", "mountPath": "/scratch"} in c["volumeMounts"]
+    assert {"name": "TMPDIR", "value": "/scratch"} in c["env"]
+    # The pod's decision is logged with its owner.
+    line = wait_for("the pod's decision in the log", lambda: next(
+        (e for e in jobs.webhook.log() if e.get("message") == "mutated" and e.get("owner") == "Job/nf-good"), None))
+    assert line["pod"] == "nf-good-*", line
+
+
+def test_cronjobs_and_deployments_are_refused_and_an_update_is_judged_on_its_template(cluster, jobs):
+    bad = {f"{P}/scratch": BAD_SIZE}
+    for obj, webhook in ((cronjob("nf-cron", bad), "cronjobs"), (deployment("nf-deploy", bad), "workloads")):
+        err = refused(cluster, obj)
+        assert f'admission webhook "{webhook}.{P}" denied the request: {preview_denial(jobs, obj)}' in err, err
+
+    good = deployment("nf-deploy-2", {f"{P}/scratch": GOOD})
+    cluster.create(good)
+    # An UPDATE that introduces a bad annotation: refused; one that removes it: admitted.
+    bad_update = cluster.kubectl("patch", "deployment", "nf-deploy-2", "-n", NS, "--type=merge", "-p", json.dumps(
+        {"spec": {"template": {"metadata": {"annotations": bad}}}}), check=False)
+    assert bad_update.returncode != 0 and "10Gii" in bad_update.stderr, bad_update.stderr
+    removed = cluster.kubectl("patch", "deployment", "nf-deploy-2", "-n", NS, "--type=json", "-p", json.dumps(
+        [{"op": "remove", "path": "/spec/template/metadata/annotations"}]))
+    assert removed.returncode == 0
+    stored = cluster.get("deployment", "nf-deploy-2", "-n", NS)
+    assert "annotations" not in stored["spec"]["template"]["metadata"]
+    # A label on the Deployment itself (the template unchanged) is never judged.
+    cluster.kubectl("label", "deployment", "nf-deploy-2", "-n", NS, "team=x")
+    cluster.kubectl("delete", "deployment", "nf-deploy-2", "-n", NS, "--wait=false")
+
+
+def test_a_job_asking_for_a_missing_storage_class_is_refused_at_creation(cluster, jobs):
+    job = nextflow_job("nf-no-class", {f"{P}/scratch": "type=ephemeral,storageClass=nope,size=1Gi,mountPath=/s"})
+    err = refused(cluster, job)
+    assert 'StorageClass "nope" does not exist' in err, err
+    assert f'admission webhook "workloads.{P}" denied the request' in err, err
+
+
+def test_a_refusal_only_the_pod_can_show_reaches_the_jobs_failed_create_event(cluster, jobs):
+    """A suspended Job admitted while its StorageClass exists; the class is deleted; on resume
+    the pod is refused, and the job controller's FailedCreate event carries our message."""
+    job = nextflow_job("nf-resume", {f"{P}/scratch": "disk"}, suspend=True)
+    cluster.create(job)
+    before = jobs.webhook.metric("evi_pod_denials_by_owner_total", owner_kind="Job", reason="cluster")
+    cluster.kubectl("delete", "storageclass", CLASS, "--wait=true")
+    try:
+        probe = nextflow_job("probe-class", {f"{P}/scratch": "disk"})
+        wait_for("the webhook to see the class deleted",
+                 lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+        cluster.kubectl("patch", "job", "nf-resume", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+
+        def failed_create():
+            events = cluster.get("events", "-n", NS, "--field-selector",
+                                 "involvedObject.kind=Job,involvedObject.name=nf-resume,reason=FailedCreate")
+            return [e["message"] for e in events["items"]]
+
+        (message, *_) = wait_for("the Job's FailedCreate event", failed_create, timeout=60)
+        ours = f'StorageClass "{CLASS}" does not exist'
+        assert f'admission webhook "volumes.{P}" denied the request: ' in message, message
+        assert ours in message and len(message) < 2048, message
+        print(f"\nFailedCreate event: {message}")
+        assert jobs.webhook.metric("evi_pod_denials_by_owner_total", owner_kind="Job",
+                                   reason="cluster") > before
+        denied = [e for e in jobs.webhook.log() if e.get("message") == "denied"]
+        assert any(f.get("owner") == "Job/nf-resume" and ours in f.get("denial", "") for f in denied), denied
+        # `kubectl describe job` is where a pipeline author finds it.
+        described = cluster.kubectl("describe", "job", "nf-resume", "-n", NS).stdout
+        assert "FailedCreate" in described and ours in described, described
+    finally:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(OBJECTS[1]))
+        cluster.kubectl("delete", "job", "nf-resume", "-n", NS, "--wait=false", check=False)
+
+
+def test_excluded_namespaces_never_send_workloads(cluster, jobs):
+    job = nextflow_job("nf-excluded", {f"{P}/scratch": BAD_SIZE})
+    job["metadata"]["namespace"] = RELEASE_NS
+    job["spec"]["template"]["spec"]["containers"][0]["name"] = "main"
+    cluster.create(job, "--dry-run=server")
