@@ -68,6 +68,43 @@ fn bench(c: &mut Criterion) {
         });
         g.finish();
     }
+    // The workload webhook: the Job-mode pod as the template of a Nextflow Job, at
+    // POST /validate, against the same pod at POST /mutate, in the same group.
+    let pod = common::read_input("nextflow-job-mode");
+    let job = common::workload_of("Job", &pod);
+    let job_body = serde_json::to_vec(&common::workload_review(&job, None, "nf")).unwrap();
+    let pod_body = body("nextflow-job-mode");
+    assert!(
+        review::handle(&cfg, None, review::Endpoint::Validate, &job_body)
+            .unwrap()
+            .decision
+            .allowed()
+    );
+    let mut g = c.benchmark_group("job-template");
+    g.bench_function("pod at /mutate", |b| {
+        b.iter(|| {
+            review::handle(
+                black_box(&cfg),
+                None,
+                review::Endpoint::Mutate,
+                black_box(&pod_body),
+            )
+            .unwrap()
+        })
+    });
+    g.bench_function("job template at /validate", |b| {
+        b.iter(|| {
+            review::handle(
+                black_box(&cfg),
+                None,
+                review::Endpoint::Validate,
+                black_box(&job_body),
+            )
+            .unwrap()
+        })
+    });
+    g.finish();
+
     let body = body("nextflow-pod-mode");
     let mut g = c.benchmark_group("pod-mode-breakdown");
     // The pod alone, read as the engine reads it (the body's UTF-8 checked once, parsed as str).

@@ -490,3 +490,111 @@ fn mutate_on_a_workload_decides_as_the_workload_webhook() {
         }
     }
 }
+
+/// A kubeconfig whose client certificate is X.509 v1 (kubectl accepts it, rustls does not):
+/// with the cluster checks on, `serve` refuses to start and names the cause; with them off it
+/// serves. Before, it served with the checks silently off.
+#[test]
+fn serve_refuses_to_start_when_the_checks_cannot_have_a_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            text(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+        "-subj", "/CN=ca", "-days", "1",
+    ]);
+    openssl(&[
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "c.key", "-out", "c.csr", "-subj",
+        "/CN=u",
+    ]);
+    // No extensions: OpenSSL writes a version 1 certificate.
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "c.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "c.crt",
+        "-days",
+        "1",
+    ]);
+    let kubeconfig = d.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"https://127.0.0.1:1\", certificate-authority: \"{0}/ca.crt\"}}\nusers:\n- name: u\n  user: {{client-certificate: \"{0}/c.crt\", client-key: \"{0}/c.key\"}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let serve = |checks: &str| {
+        let config = d.join(format!("{checks}.yaml"));
+        std::fs::write(&config, format!("clusterChecks: {checks}\n")).unwrap();
+        let mut child = bin()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "text",
+                "--ca-out",
+            ])
+            .arg(d.join("out-ca.crt"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Give it time to start or to fail.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if checks == "off"
+                && std::time::Instant::now() + std::time::Duration::from_secs(8) > deadline
+            {
+                break;
+            }
+        }
+        let status = child.try_wait().unwrap();
+        if status.is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().unwrap();
+        (status.and_then(|s| s.code()), text(&out.stderr))
+    };
+    for checks in ["enforce", "warn"] {
+        let (code, err) = serve(checks);
+        assert_eq!(code, Some(2), "{checks}: {err}");
+        assert!(
+            err.contains("no API client can be built") && err.contains("UnsupportedCertVersion"),
+            "{checks}: {err}"
+        );
+    }
+    let (code, err) = serve("off");
+    assert_eq!(code, None, "serves with the checks off: {err}");
+    assert!(err.contains("listening"), "{err}");
+}

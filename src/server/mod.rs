@@ -64,6 +64,9 @@ pub(crate) struct AppState {
     pub cluster: Option<Arc<cluster::ClusterWatch>>,
     /// The first cluster lists arrived, or the sync timeout passed (readiness waits for it).
     pub cluster_ready: AtomicBool,
+    /// Why there is no API client although one was asked for (`--kubeconfig`, or a pod's
+    /// service account) while the checks were off: a reload that turns them on is refused.
+    pub no_client: Option<String>,
 }
 
 /// Why `serve` could not start.
@@ -102,6 +105,11 @@ pub enum ServeError {
     /// A flag.
     #[error("bad flag: {0}")]
     Flag(String),
+    /// The cluster checks are on, and no API client can be built for them.
+    #[error(
+        "the cluster checks are on (clusterChecks: enforce or warn) but no API client can be built for them: {0}; fix the kubeconfig or the service account (docs/operations.md lists the client certificate forms that work), or set clusterChecks: off"
+    )]
+    ClusterClient(cluster::ClusterAccessError),
 }
 
 /// Runs `serve` until SIGTERM or SIGINT; exits 2 if it cannot start.
@@ -144,7 +152,11 @@ pub async fn serve(
     let (config, loaded_config) = initial_config(&args)?;
     let (loaded, loaded_cert) = initial_certificate(&args)?;
 
-    let client = cluster_client(&args).await?;
+    let (client, no_client) = match cluster_client(&args, config.cluster_checks).await? {
+        ClientOutcome::Client(c) => (Some(c), None),
+        ClientOutcome::NotAskedFor => (None, None),
+        ClientOutcome::Failed(why) => (None, Some(why)),
+    };
     let watch = client
         .as_ref()
         .map(|_| Arc::new(cluster::ClusterWatch::new()));
@@ -162,6 +174,7 @@ pub async fn serve(
         body_timeout: timing.body,
         cluster: watch.clone(),
         cluster_ready: AtomicBool::new(watch.is_none()),
+        no_client,
     });
     if let (Some(client), Some(w)) = (client, watch) {
         tracing::info!(sync_timeout = ?timing.cluster_sync, "cluster checks: watching CSIDrivers and StorageClasses");
@@ -245,20 +258,37 @@ fn start_reloader(
 
 /// The client for the cluster checks. Cluster access is optional: a bad `--kubeconfig` stops
 /// the start (it was asked for), a missing in-cluster credential only turns the checks off.
-async fn cluster_client(args: &ServeArgs) -> Result<Option<kube::Client>, ServeError> {
+/// The API client of the cluster checks, if there is one.
+enum ClientOutcome {
+    Client(kube::Client),
+    /// No `--kubeconfig` and not in a cluster: run locally, checks off.
+    NotAskedFor,
+    /// Asked for but not built, with the checks off: why.
+    Failed(String),
+}
+
+async fn cluster_client(
+    args: &ServeArgs,
+    checks: crate::cluster::Mode,
+) -> Result<ClientOutcome, ServeError> {
     match cluster::client(args.kubeconfig.as_deref()).await {
-        Ok(Some(c)) => Ok(Some(c)),
+        Ok(Some(c)) => Ok(ClientOutcome::Client(c)),
         Ok(None) => {
             tracing::info!("cluster checks off: no --kubeconfig and not running in a cluster");
-            Ok(None)
+            Ok(ClientOutcome::NotAskedFor)
         }
+        // A --kubeconfig that cannot be read is a bad flag, whatever the checks.
         Err(e @ cluster::ClusterAccessError::Kubeconfig { .. }) => {
             Err(ServeError::Flag(e.to_string()))
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cluster checks off: cannot reach the API server");
-            Ok(None)
+        Err(e) if checks == crate::cluster::Mode::Off => {
+            tracing::info!(error = %e, "cluster checks off (clusterChecks: off); no API client needed");
+            Ok(ClientOutcome::Failed(e.to_string()))
         }
+        // The checks were asked for (a kubeconfig, or a pod's service account) and cannot have
+        // a client: refuse to start rather than run with them silently off. A client that
+        // cannot be built from these files will not be built by retrying either.
+        Err(e) => Err(ServeError::ClusterClient(e)),
     }
 }
 
@@ -387,5 +417,6 @@ pub(crate) fn test_state(config: &str) -> Arc<AppState> {
         body_timeout: Duration::from_secs(5),
         cluster: None,
         cluster_ready: AtomicBool::new(true),
+        no_client: None,
     })
 }

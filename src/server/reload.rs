@@ -203,7 +203,8 @@ fn check_config(state: &AppState, path: &Path, seen: &mut Seen) {
     let result = match &bytes {
         Ok(b) => String::from_utf8(b.clone())
             .map_err(|e| ("invalid", e.to_string()))
-            .and_then(|t| Config::parse(&t).map_err(|e| ("invalid", e.to_string()))),
+            .and_then(|t| Config::parse(&t).map_err(|e| ("invalid", e.to_string())))
+            .and_then(|cfg| needs_no_missing_client(state, cfg)),
         Err(e) => Err(("read", format!("cannot read: {e}"))),
     };
     match result {
@@ -218,6 +219,24 @@ fn check_config(state: &AppState, path: &Path, seen: &mut Seen) {
         }
     }
     seen.config = bytes.ok();
+}
+
+/// A configuration that turns the cluster checks on while the process has no API client for
+/// them (it started with them off, and its client could not be built) is refused: they would
+/// be silently off.
+fn needs_no_missing_client(
+    state: &AppState,
+    cfg: Config,
+) -> Result<Config, (&'static str, String)> {
+    match &state.no_client {
+        Some(why) if cfg.cluster_checks != crate::cluster::Mode::Off => Err((
+            "cluster",
+            format!(
+                "clusterChecks is on, but this process has no API client for the checks ({why}); restart it with working credentials"
+            ),
+        )),
+        _ => Ok(cfg),
+    }
 }
 
 #[cfg(test)]
@@ -332,5 +351,29 @@ mod tests {
         check_config(&state, &path, &mut seen);
         assert_eq!(reloads(m, "failure", "read"), 1);
         assert_eq!(profiles(&state), 1);
+    }
+
+    #[test]
+    fn checks_without_a_client_are_refused_not_silently_off() {
+        let mut state = Arc::into_inner(test_state("clusterChecks: off")).unwrap();
+        state.no_client = Some("API client: invalid peer certificate".into());
+        let state = Arc::new(state);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        let mut seen = Seen::default();
+        std::fs::write(&path, "clusterChecks: enforce\n").unwrap();
+        check_config(&state, &path, &mut seen);
+        assert_eq!(
+            reloads(&state.metrics.config_reloads, "failure", "cluster"),
+            1
+        );
+        assert_eq!(
+            state.config.load().cluster_checks,
+            crate::cluster::Mode::Off,
+            "the old configuration stays"
+        );
+        std::fs::write(&path, "clusterChecks: off\nprofiles: {s: {emptyDir: {}}}\n").unwrap();
+        check_config(&state, &path, &mut seen);
+        assert_eq!(reloads(&state.metrics.config_reloads, "success", ""), 1);
     }
 }
