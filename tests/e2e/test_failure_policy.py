@@ -155,7 +155,7 @@ def test_chart_match_conditions_agree_with_the_webhook_on_every_rule_shape(clust
 
 def workload_of(kind: str, name: str, namespace: str, labels: dict | None) -> dict:
     """A workload of `kind` whose pod template has `labels` and no annotations."""
-    template = {"metadata": {"labels": labels} if labels is not None else {},
+    template = {"metadata": {"labels": dict(labels)} if labels is not None else {},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}
     if kind == "Job":
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
@@ -199,6 +199,7 @@ def test_chart_workload_match_conditions_agree_with_the_webhook_on_every_rule_sh
                 out = cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=json.dumps(
                     {"apiVersion": "v1", "kind": "List", "items": items}), check=False)
                 admitted = {line.rsplit("/", 1)[-1] for line in out.stdout.split()}
+                assert "is invalid" not in out.stderr, out.stderr
                 for ns, j in cases:
                     name = f"w-{ns}-{j}"
                     sent = name not in admitted
