@@ -27,7 +27,7 @@ def test_install_upgrade_uninstall_in_a_real_api_server(cluster):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
                             "MutatingWebhookConfiguration", "PodDisruptionBudget", "Secret", "Service",
-                            "ServiceAccount"]), kinds
+                            "ServiceAccount", "ValidatingWebhookConfiguration"]), kinds
     for d in docs:
         ns = ["-n", d["metadata"]["namespace"]] if "namespace" in d["metadata"] else []
         stored = cluster.get(d["kind"].lower(), d["metadata"]["name"], *ns)
@@ -41,6 +41,13 @@ def test_install_upgrade_uninstall_in_a_real_api_server(cluster):
     assert b"BEGIN CERTIFICATE" in base64.b64decode(ca)
     # The API server compiled the matchConditions (it refuses a configuration whose CEL fails to).
     assert mwc["webhooks"][0]["matchConditions"][0]["name"] == "asks-for-volumes"
+    vwc = cluster.get("validatingwebhookconfiguration", full)
+    assert {w["name"] for w in vwc["webhooks"]} == {"workloads.lifecycle.example.com", "cronjobs.lifecycle.example.com"}
+    for w in vwc["webhooks"]:
+        assert w["clientConfig"]["caBundle"] == ca
+        assert w["clientConfig"]["service"] == {"name": full, "namespace": RELEASE_NS, "path": "/validate", "port": 443}
+        assert [c["name"] for c in w["matchConditions"]] == ["creates-or-changes-the-template",
+                                                             "template-asks-for-volumes"]
 
     cluster.helm("upgrade", name, CHART, "-n", RELEASE_NS, *VALUES, "--set", "replicaCount=3")
     assert cluster.get("deployment", full, "-n", RELEASE_NS)["spec"]["replicas"] == 3
@@ -48,10 +55,13 @@ def test_install_upgrade_uninstall_in_a_real_api_server(cluster):
     assert after["data"] == secret["data"], "the upgrade rotated the chart-generated certificate"
     mwc = cluster.get("mutatingwebhookconfiguration", full)
     assert mwc["webhooks"][0]["clientConfig"]["caBundle"] == ca, "the upgrade changed the caBundle"
+    vwc = cluster.get("validatingwebhookconfiguration", full)
+    assert all(w["clientConfig"]["caBundle"] == ca for w in vwc["webhooks"])
 
     cluster.helm("uninstall", name, "-n", RELEASE_NS, "--wait")
-    left = cluster.kubectl("get", "mutatingwebhookconfiguration", full, check=False)
-    assert left.returncode != 0 and "NotFound" in left.stderr
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        left = cluster.kubectl("get", kind, full, check=False)
+        assert left.returncode != 0 and "NotFound" in left.stderr, kind
     # The TLS Secret is kept on purpose (helm.sh/resource-policy: keep), so a reinstall keeps the CA.
     kept = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)
     assert kept["data"]["ca.crt"] == ca

@@ -97,7 +97,8 @@ def test_a_nextflow_job_with_a_bad_size_is_refused_at_creation_and_nothing_is_st
     assert "annotation ephemeral-volumes.io/scratch" in message and "10Gii" in message, message
     # The API server's words around ours: which webhook, and our message unchanged.
     assert f'admission webhook "workloads.{P}" denied the request: {message}' in err, err
-    assert "BadRequest" in err or "(BadRequest)" in err or "Error from server" in err, err
+    # The status code and reason the pod would get (400, BadRequest), passed on by the API server.
+    assert "Error from server (BadRequest)" in err, err
     gone = cluster.kubectl("get", "job", "nf-bad-size", "-n", NS, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
     assert jobs.webhook.metric("evi_workload_reviews_total", kind="Job", result="denied") >= 1
@@ -152,6 +153,7 @@ def test_a_job_asking_for_a_missing_storage_class_is_refused_at_creation(cluster
     job = nextflow_job("nf-no-class", {f"{P}/scratch": "type=ephemeral,storageClass=nope,size=1Gi,mountPath=/s"})
     err = refused(cluster, job)
     assert 'StorageClass "nope" does not exist' in err, err
+    assert "The request is invalid" in err, err  # kubectl's words for 422 (Invalid), as for the pod
     assert f'admission webhook "workloads.{P}" denied the request' in err, err
 
 
