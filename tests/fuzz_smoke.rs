@@ -56,10 +56,19 @@ proptest! {
         if let Ok(text) = std::str::from_utf8(&data)
             && let Err(evi::config::ConfigError::Invalid(errors)) = Config::parse(text)
         {
-            // Each error names its place in the file or the YAML position.
+            // Each error names its place in the file (a path from a top-level key), the
+            // unknown key as written, or says the text is not YAML (or not a mapping).
             prop_assert!(!errors.is_empty());
             for e in &errors {
-                prop_assert!((e.contains(':') || e.contains('"')) && e.len() > 10, "an error that names nothing: {e:?}");
+                let top = e.split(['.', '[', ':', ' ']).next().unwrap_or_default();
+                let unknown = e.strip_prefix("unknown field ").and_then(|r| r.split(';').next())
+                    .and_then(|k| serde_json::from_str::<String>(k).ok());
+                prop_assert!(
+                    (TOP_LEVEL.contains(&top) && e[top.len()..].starts_with(['.', '[', ':', ' ']))
+                        || unknown.is_some_and(|k| text.contains(&k))
+                        || e.starts_with("not valid YAML: ")
+                        || e.starts_with("the configuration: "),
+                    "an error that names no place: {e:?}");
             }
         }
     }
@@ -67,20 +76,127 @@ proptest! {
     #[test]
     fn arbitrary_annotation_values_parse_or_fail_with_a_message(value in "\\PC{0,80}") {
         match value.parse::<evi::volume::VolumeRequest>() {
-            // A refusal names a field, the form, or the value it could not read.
-            Err(e) => prop_assert!(
-                ["field", "profile", "JSON", "key=value", "value", "source", "type", "mountPath", "size",
-                 "env", "container", "name", "attr", "given", "medium", "driver", "accessMode", "storageClass",
-                 "fsType", "subPath", "readOnly", "apply", "quantity"]
-                    .iter().any(|w| e.0.contains(w)),
-                "{value:?}: a message that names nothing: {}", e.0),
+            Err(e) => prop_assert!(names_its_input(&value, &e.0), "{value:?}: a message that names nothing it was given: {}", e.0),
             // Whatever is accepted has exactly one source and a valid mount path, if any.
             Ok(req) => if let Some(p) = &req.mount.mount_path {
                 prop_assert!(p.starts_with('/') && p != "/" && !p.ends_with('/'), "{value:?}: mountPath {p:?}");
             },
         }
     }
+
+    /// One bad value among good fields, in any order: the refusal names that field and quotes
+    /// the value as written — what a user needs to find the typo in a Nextflow config.
+    #[test]
+    fn a_bad_value_is_quoted_and_its_field_named(
+        bad in prop::sample::select(BAD_VALUES.to_vec()),
+        extra in prop::sample::subsequence(vec!["size=1Gi", "readOnly=true", "env=TMPDIR", "containers=main"], 0..=4),
+        shuffle in any::<u64>(),
+    ) {
+        let (field, named, value) = bad;
+        let mut pairs: Vec<String> = vec!["type=emptyDir".into(), "mountPath=/scratch".into()];
+        pairs.extend(extra.iter().filter(|p| !p.starts_with(field)).map(|p| (*p).to_owned()));
+        pairs.retain(|p| !p.starts_with(&format!("{field}=")));
+        pairs.push(format!("{field}={value}"));
+        let n = pairs.len();
+        pairs.rotate_left((shuffle % n as u64) as usize);
+        let text = pairs.join(",");
+        let e = text.parse::<evi::volume::VolumeRequest>().expect_err(&text);
+        prop_assert!(e.0.contains(&format!("{value:?}")), "{text:?}: the value is not quoted: {}", e.0);
+        prop_assert!(e.0.contains(named), "{text:?}: the field {named} is not named: {}", e.0);
+    }
 }
+
+/// The configuration file's top-level keys.
+const TOP_LEVEL: [&str; 6] = [
+    "annotationPrefix",
+    "onError",
+    "clusterChecks",
+    "profiles",
+    "rules",
+    "policy",
+];
+
+/// A field, the words its refusal names it by, and a bad value for it.
+const BAD_VALUES: [(&str, &str, &str); 10] = [
+    ("size", "size", "10Gii"),
+    ("size", "size", "-1Gi"),
+    ("medium", "medium", "Disk"),
+    ("mountPath", "mountPath", "scratch"),
+    ("env", "env name", "1x"),
+    ("subPath", "subPath", "/abs"),
+    ("subPath", "subPath", "../x"),
+    ("containers", "container name", "Bad_Name"),
+    ("readOnly", "readOnly", "maybe"),
+    ("type", "type", "foo"),
+];
+
+/// Whether a refusal names what it is about in the input: a piece of the input quoted (a
+/// value, a key: `unknown field "sizee"`, `invalid quantity "10Gii"`), or a field the input
+/// gives (`mountPath is given twice`), or, for an empty value or broken JSON, says so. A
+/// message that only says "invalid" — or names a field the user never wrote without quoting
+/// what they did write — fails it. Something missing (no source, no driver) must name the
+/// fields that would supply it.
+fn names_its_input(value: &str, message: &str) -> bool {
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return message.contains("empty");
+    }
+    if trimmed.starts_with('{') && message.starts_with("invalid JSON: ") {
+        return message.contains("line ") && message.contains("column ");
+    }
+    let mut pieces = vec![value.to_owned(), trimmed.to_owned()];
+    for part in value.split(',') {
+        pieces.push(part.to_owned());
+        pieces.push(part.trim().to_owned());
+        if let Some((k, v)) = part.split_once('=') {
+            pieces.extend([k, k.trim(), v, v.trim()].map(str::to_owned));
+            pieces.extend(v.split(';').map(str::to_owned));
+        }
+    }
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_str(trimmed) {
+        for (k, v) in map {
+            pieces.push(k);
+            if let serde_json::Value::String(s) = v {
+                pieces.push(s);
+            }
+        }
+    }
+    let quoted = pieces.iter().any(|p| message.contains(&format!("{p:?}")));
+    // A field named in the message's own words must be one the input gives.
+    let named_field = pieces.iter().any(|p| {
+        let p = p.trim();
+        !p.is_empty()
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+            && (message.starts_with(&format!("{p} "))
+                || message.starts_with(&format!("{p}:"))
+                || message.starts_with(&format!("{p}=")))
+    });
+    // Something missing: the message names the fields that would supply it.
+    let names_the_missing = (message.contains("give") || message.contains("needs"))
+        && GRAMMAR.iter().any(|f| message.contains(f));
+    quoted || named_field || names_the_missing
+}
+
+const GRAMMAR: [&str; 18] = [
+    "profile",
+    "type",
+    "emptyDir",
+    "csi",
+    "ephemeral",
+    "size",
+    "medium",
+    "storageClass",
+    "accessMode",
+    "driver",
+    "fsType",
+    "attr.",
+    "mountPath",
+    "readOnly",
+    "subPath",
+    "containers",
+    "initContainers",
+    "env",
+];
 
 #[test]
 fn inputs_that_once_crashed_a_fuzz_target_stay_fixed() {
@@ -88,11 +204,21 @@ fn inputs_that_once_crashed_a_fuzz_target_stay_fixed() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz-regressions");
     let mut seen = 0;
     for target in ["annotation", "config", "review"] {
-        let Ok(entries) = std::fs::read_dir(root.join(target)) else {
-            continue;
-        };
+        // Each target's folder exists (a .gitkeep for none yet): a renamed or lost folder must
+        // fail here, not replay nothing.
+        let dir = root.join(target);
+        let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (a regression folder per fuzz target)",
+                dir.display()
+            )
+        });
         for entry in entries {
-            let data = std::fs::read(entry.unwrap().path()).unwrap();
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n == ".gitkeep") {
+                continue;
+            }
+            let data = std::fs::read(&path).unwrap();
             seen += 1;
             match target {
                 "annotation" => {

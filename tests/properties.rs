@@ -193,8 +193,17 @@ proptest! {
             prop_assert!([400, 403, 422].contains(&code), "code {code}");
             let message = r["status"]["message"].as_str().unwrap();
             // Every denial names what it is about: an annotation, a volume or a container.
-            prop_assert!(message.contains("annotation ephemeral-volumes.io/") || message.contains("volume \"")
-                || message.contains("volumes requested"), "{message}");
+            // Every denial names what it is about: one of the pod's own annotations, the rule
+            // that asked for a volume, or a volume the pod asked for (a clash with the pod).
+            let annotations = pod["metadata"]["annotations"].as_object().into_iter().flatten();
+            let origins: Vec<String> = annotations
+                .flat_map(|(k, _)| {
+                    let name = k.trim_start_matches("ephemeral-volumes.io/");
+                    [format!("annotation {k}"), format!("volume {name:?}")]
+                })
+                .chain(["rule \"nf\"".to_owned(), "volume \"work-tmp\"".to_owned()])
+                .collect();
+            prop_assert!(origins.iter().any(|o| message.contains(o.as_str())), "names no annotation or rule of the pod: {message}");
             prop_assert!(r.get("patch").is_none());
             return Ok(());
         }

@@ -1,5 +1,5 @@
-//! The rules the webhook's decisions must always follow, one table per rule, each case with
-//! the message a user gets. Driven through the AdmissionReview codec, as the API server calls it.
+//! What the webhook's decisions must always do, one section per guarantee (each headed by
+//! what it guards), each case with the message a user gets. Driven through the AdmissionReview codec, as the API server calls it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -89,7 +89,7 @@ fn with_volume(volume: Value, annotation: &str) -> Value {
     p
 }
 
-// === rule 1: an existing volume is reused only when it is what we would inject ===
+// === Guards: a pod's own volume is never taken for ours, unless it is exactly what we would inject ===
 
 #[test]
 fn an_existing_volume_of_the_same_name_is_reused_only_when_identical() {
@@ -179,7 +179,7 @@ fn an_existing_volume_of_the_same_name_is_reused_only_when_identical() {
     }
 }
 
-// === rule 2: a configuration that would deny pods that did not ask is refused at load ===
+// === Guards: a configuration that would refuse pods that asked for nothing never loads ===
 
 #[test]
 fn configurations_that_can_never_inject_are_refused_naming_the_place() {
@@ -222,7 +222,7 @@ fn configurations_that_can_never_inject_are_refused_naming_the_place() {
     }
 }
 
-// === rule 4: a size limit is a limit ===
+// === Guards: a size limit is a limit (policy caps, defaults, units compared exactly) ===
 
 #[test]
 fn zero_sizes_are_refused_everywhere() {
@@ -326,7 +326,7 @@ fn sizes_that_are_almost_certainly_slips_are_warned_about() {
     }
 }
 
-// === rule 5: one path, one spelling ===
+// === Guards: a mount path has one spelling (a trailing `/` is the same path) ===
 
 #[test]
 fn mount_paths_have_one_spelling() {
@@ -383,7 +383,7 @@ fn mount_paths_have_one_spelling() {
     );
 }
 
-// === rule 6: the JSON form is as strict as key=value ===
+// === Guards: the JSON form refuses what key=value refuses ===
 
 #[test]
 fn a_repeated_json_key_is_an_error_naming_the_field() {
@@ -416,7 +416,7 @@ fn a_repeated_json_key_is_an_error_naming_the_field() {
     );
 }
 
-// === rule 7: what the API server would refuse later is refused now ===
+// === Guards: what the API server would refuse after admission is refused at admission, with our message ===
 
 #[test]
 fn what_the_api_server_would_refuse_is_refused_naming_the_annotation() {
@@ -481,7 +481,7 @@ fn what_the_api_server_would_refuse_is_refused_naming_the_annotation() {
     }
 }
 
-// === rule 8: Windows pods never get a RAM disk ===
+// === Guards: Windows pods never get a RAM disk ===
 
 #[test]
 fn a_windows_pod_is_refused_a_memory_medium() {
@@ -516,7 +516,7 @@ fn a_windows_pod_is_refused_a_memory_medium() {
     assert_eq!(decide(&c, &p).verdict, "mutated");
 }
 
-// === rule 9: onError: warn under reinvocation ===
+// === Guards: onError: warn stays one warning and one status annotation under reinvocation ===
 
 #[test]
 fn on_error_warn_counts_a_reinvoked_pod_like_the_first_time() {
@@ -549,7 +549,7 @@ fn on_error_warn_counts_a_reinvoked_pod_like_the_first_time() {
     );
 }
 
-// === rule 10: check-config lists every error, type errors included ===
+// === Guards: check-config lists every error, type errors included ===
 
 #[test]
 fn check_config_lists_every_error_including_type_errors() {
@@ -584,7 +584,7 @@ policy:
     }
 }
 
-// === echoes of user input are bounded ===
+// === Guards: echoes of user input in messages are bounded ===
 
 #[test]
 fn a_huge_annotation_value_comes_back_cut_with_its_length() {
@@ -619,7 +619,7 @@ fn a_huge_annotation_value_comes_back_cut_with_its_length() {
     );
 }
 
-// === size=request: the size follows the pod's own ephemeral-storage request ===
+// === Guards: size=request follows the pod's own ephemeral-storage request ===
 
 fn two_containers(first: Option<&str>, second: Option<&str>, annotations: Value) -> Value {
     let mut p = pod(annotations);
