@@ -64,6 +64,30 @@ impl Denial {
         }
     }
 
+    /// The annotation or rule entry cannot be understood.
+    pub fn invalid(message: impl Into<String>) -> Denial {
+        Denial::new(DenyReason::Invalid, message)
+    }
+
+    /// The cluster policy forbids it.
+    pub fn policy(message: impl Into<String>) -> Denial {
+        Denial::new(DenyReason::Policy, message)
+    }
+
+    /// It clashes with the pod.
+    pub fn conflict(message: impl Into<String>) -> Denial {
+        Denial::new(DenyReason::Conflict, message)
+    }
+
+    /// The same refusal, said of `place` (an annotation, a rule entry, a volume): the message
+    /// becomes `place: message`.
+    pub fn at(self, place: impl std::fmt::Display) -> Denial {
+        Denial {
+            reason: self.reason,
+            message: format!("{place}: {}", self.message),
+        }
+    }
+
     /// The status code of the reason.
     pub fn code(&self) -> u16 {
         self.reason.code()

@@ -79,8 +79,7 @@ fn decide_or_refuse(
         });
     }
     if pod.containers().is_empty() {
-        return Err(Denial::new(
-            DenyReason::Invalid,
+        return Err(Denial::invalid(
             "the pod has no containers to mount volumes in",
         ));
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{existing, resolve::Volume};
 use crate::{
-    decision::{Denial, DenyReason},
+    decision::Denial,
     patch,
     pod::{ContainerView, PodView, QuantityText},
     quantity::Quantity,
@@ -162,10 +162,6 @@ pub(super) fn plan(
     Ok(plan)
 }
 
-fn conflict(message: String) -> Denial {
-    Denial::new(DenyReason::Conflict, message)
-}
-
 /// A new volume, or one the pod already has identically (nothing to add).
 fn add_volume(plan: &mut Plan, pod: &PodView, v: &Volume) -> Result<(), Denial> {
     let volume = patch::Volume {
@@ -178,7 +174,7 @@ fn add_volume(plan: &mut Plan, pod: &PodView, v: &Volume) -> Result<(), Denial> 
             serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
         let desired = serde_json::to_value(&volume).unwrap_or(serde_json::Value::Null);
         return existing::same_volume(&desired, &existing).map_err(|differs| {
-            conflict(format!(
+            Denial::conflict(format!(
                 "volume {:?} ({}): the pod already has a volume with this name, {differs}; \
                  rename one of them",
                 v.name,
@@ -228,7 +224,7 @@ fn mount(
         .find(|(path, _)| normalize_path(path) == want);
     match taken {
         Some((_, name)) if name == v.name => Ok(()),
-        Some((_, other)) => Err(conflict(format!(
+        Some((_, other)) => Err(Denial::conflict(format!(
             "volume {:?}: container {:?} already mounts volume {other:?} at {}",
             v.name, c.name, v.mount_path
         ))),

@@ -1,42 +1,45 @@
 //! The cluster admin's limits (`policy` in the configuration), one check each. Each returns
-//! the message; the caller says which annotation or rule it is about.
+//! a policy refusal; the caller says which annotation or rule it is about ([`Denial::at`]).
 
 use crate::{
     config::Policy,
+    decision::Denial,
     quantity::Quantity,
     volume::{Medium, Source, VolumeKind},
 };
 
 /// `allowInline: false`: annotations may only name profiles.
-pub(super) fn inline_allowed(policy: &Policy) -> Result<(), String> {
+pub(super) fn inline_allowed(policy: &Policy) -> Result<(), Denial> {
     if policy.allow_inline {
         Ok(())
     } else {
-        Err("policy.allowInline is false: name one of the cluster's profiles".into())
+        Err(Denial::policy(
+            "policy.allowInline is false: name one of the cluster's profiles",
+        ))
     }
 }
 
 /// `types`: the kinds an annotation may ask for inline.
-pub(super) fn kind_allowed(policy: &Policy, kind: VolumeKind) -> Result<(), String> {
+pub(super) fn kind_allowed(policy: &Policy, kind: VolumeKind) -> Result<(), Denial> {
     if policy.types.contains(&kind) {
         return Ok(());
     }
     let allowed: Vec<&str> = policy.types.iter().map(|k| k.as_str()).collect();
-    Err(format!(
+    Err(Denial::policy(format!(
         "type {kind} is not allowed by policy.types ({})",
         allowed.join(", ")
-    ))
+    )))
 }
 
 /// `csiDrivers` and `storageClasses`: the drivers and classes an annotation may name inline.
-pub(super) fn allowlists(policy: &Policy, source: &Source) -> Result<(), String> {
+pub(super) fn allowlists(policy: &Policy, source: &Source) -> Result<(), Denial> {
     if let (Some(allowed), Some(driver)) = (&policy.csi_drivers, source.csi_driver())
         && !allowed.iter().any(|d| d == driver)
     {
-        return Err(format!(
+        return Err(Denial::policy(format!(
             "CSI driver {driver:?} is not in policy.csiDrivers ({})",
             allowed.join(", ")
-        ));
+        )));
     }
     if let (Some(allowed), Source::Ephemeral(e)) = (&policy.storage_classes, source)
         && e.volume_claim_template.is_some()
@@ -44,16 +47,16 @@ pub(super) fn allowlists(policy: &Policy, source: &Source) -> Result<(), String>
         match source.storage_class() {
             Some(sc) if allowed.iter().any(|a| a == sc) => {}
             Some(sc) => {
-                return Err(format!(
+                return Err(Denial::policy(format!(
                     "storage class {sc:?} is not in policy.storageClasses ({})",
                     allowed.join(", ")
-                ));
+                )));
             }
             None => {
-                return Err(format!(
+                return Err(Denial::policy(format!(
                     "a storage class is required by policy.storageClasses ({}); set storageClass",
                     allowed.join(", ")
-                ));
+                )));
             }
         }
     }
@@ -67,7 +70,7 @@ pub(super) fn max_size(
     kind: VolumeKind,
     medium: Medium,
     size: Option<Quantity>,
-) -> Result<(), String> {
+) -> Result<(), Denial> {
     let max = match (kind, medium) {
         (VolumeKind::EmptyDir, Medium::Memory) => policy.max_memory.map(|m| (m, "memory")),
         (VolumeKind::EmptyDir, Medium::Disk) => policy.max_empty_dir.map(|m| (m, "emptyDir")),
@@ -75,9 +78,9 @@ pub(super) fn max_size(
         _ => None,
     };
     match (max, size) {
-        (Some((max, field)), Some(size)) if size > max => Err(format!(
+        (Some((max, field)), Some(size)) if size > max => Err(Denial::policy(format!(
             "size {size} exceeds policy.maxSize.{field} ({max})"
-        )),
+        ))),
         _ => Ok(()),
     }
 }
@@ -93,11 +96,11 @@ pub(super) fn default_size<'p>(policy: &'p Policy, source: &Source) -> Option<(&
 }
 
 /// `maxVolumesPerPod`.
-pub(super) fn volume_count(policy: &Policy, count: usize) -> Result<(), String> {
+pub(super) fn volume_count(policy: &Policy, count: usize) -> Result<(), Denial> {
     match policy.max_volumes_per_pod {
-        Some(max) if count > max => Err(format!(
+        Some(max) if count > max => Err(Denial::policy(format!(
             "{count} volumes requested, policy.maxVolumesPerPod allows {max}"
-        )),
+        ))),
         _ => Ok(()),
     }
 }
@@ -130,18 +133,22 @@ mod tests {
         assert_eq!(allowlists(&p, &csi("a.example.com")), Ok(()));
         assert_eq!(
             allowlists(&p, &csi("b.example.com")),
-            Err(r#"CSI driver "b.example.com" is not in policy.csiDrivers (a.example.com)"#.into())
+            Err(Denial::policy(
+                r#"CSI driver "b.example.com" is not in policy.csiDrivers (a.example.com)"#
+            ))
         );
         let pvc = |sc: &str| source(&format!("type=ephemeral,size=1Gi,mountPath=/s{sc}"));
         assert_eq!(allowlists(&p, &pvc(",storageClass=io2")), Ok(()));
         assert!(
             allowlists(&p, &pvc(",storageClass=st1"))
                 .unwrap_err()
+                .message
                 .contains("\"st1\" is not in policy.storageClasses (gp3, io2)")
         );
         assert!(
             allowlists(&p, &pvc(""))
                 .unwrap_err()
+                .message
                 .contains("a storage class is required")
         );
         // Without lists, everything goes.
@@ -182,7 +189,7 @@ mod tests {
             let got = max_size(&p, kind, medium, q(size));
             match refused {
                 Some(m) => assert!(
-                    got.as_ref().is_err_and(|e| e.contains(m)),
+                    got.as_ref().is_err_and(|e| e.message.contains(m)),
                     "{kind} {medium:?} {size}: {got:?}"
                 ),
                 None => assert_eq!(got, Ok(()), "{kind} {medium:?} {size}"),
@@ -230,18 +237,23 @@ mod tests {
         assert!(
             inline_allowed(&p)
                 .unwrap_err()
+                .message
                 .contains("allowInline is false")
         );
         assert_eq!(inline_allowed(&Policy::default()), Ok(()));
         assert_eq!(kind_allowed(&p, VolumeKind::EmptyDir), Ok(()));
         assert_eq!(
             kind_allowed(&p, VolumeKind::Csi),
-            Err("type csi is not allowed by policy.types (emptyDir)".into())
+            Err(Denial::policy(
+                "type csi is not allowed by policy.types (emptyDir)"
+            ))
         );
         assert_eq!(volume_count(&p, 2), Ok(()));
         assert_eq!(
             volume_count(&p, 3),
-            Err("3 volumes requested, policy.maxVolumesPerPod allows 2".into())
+            Err(Denial::policy(
+                "3 volumes requested, policy.maxVolumesPerPod allows 2"
+            ))
         );
     }
 }

@@ -3,11 +3,7 @@
 
 use super::combine;
 use crate::{
-    config::Config,
-    decision::{Denial, DenyReason},
-    pod::PodView,
-    text, validate,
-    volume::VolumeRequest,
+    config::Config, decision::Denial, pod::PodView, text, validate, volume::VolumeRequest,
 };
 
 /// Where a request came from, for messages and for policy.
@@ -65,13 +61,10 @@ pub(super) fn collect(
                 origin: Origin::Annotation(key.to_string()),
                 request,
             }),
-            Err(e) => errors.push(Denial::new(
-                DenyReason::Invalid,
-                format!(
-                    "annotation {key}: {}",
-                    text::bounded(&e.0, text::ECHO_LIMIT)
-                ),
-            )),
+            Err(e) => errors.push(Denial::invalid(format!(
+                "annotation {key}: {}",
+                text::bounded(&e.0, text::ECHO_LIMIT)
+            ))),
         }
     }
     combine(errors)?;
@@ -79,10 +72,10 @@ pub(super) fn collect(
     let mut labels = None;
     for rule in cfg.rules.iter().filter(|r| r.in_namespace(namespace)) {
         if labels.is_none() {
-            labels =
-                Some(pod.labels().map_err(|e| {
-                    Denial::new(DenyReason::Invalid, format!("metadata.labels: {e}"))
-                })?);
+            labels = Some(
+                pod.labels()
+                    .map_err(|e| Denial::invalid(format!("metadata.labels: {e}")))?,
+            );
         }
         if !labels.as_ref().is_some_and(|l| rule.selects(l)) {
             continue;

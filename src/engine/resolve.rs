@@ -14,7 +14,7 @@ use super::{
 use crate::{
     cluster::{self, ClusterState, Finding},
     config::Config,
-    decision::{Denial, DenyReason},
+    decision::Denial,
     pod::PodView,
     quantity::Quantity,
     volume::{Medium, Profile, Requested, Source, VolumeKind, VolumeRequest},
@@ -56,8 +56,8 @@ pub(super) fn all(
             Err(d) => errors.push(d),
         }
     }
-    if let Err(m) = policy::volume_count(&cfg.policy, count) {
-        errors.push(Denial::new(DenyReason::Policy, m));
+    if let Err(d) = policy::volume_count(&cfg.policy, count) {
+        errors.push(d);
     }
     combine(errors)?;
     Ok(volumes)
@@ -75,7 +75,7 @@ fn resolve(
 ) -> Result<Volume, Denial> {
     // Where the request came from, written out only for a message.
     let at = || origin.describe(&name);
-    let here = |(reason, m): (DenyReason, String)| Denial::new(reason, format!("{}: {m}", at()));
+    let here = |d: Denial| d.at(at());
     let checked = origin.is_annotation();
     let VolumeRequest {
         source,
@@ -90,7 +90,7 @@ fn resolve(
         Base::Inline(_) => mount,
     };
     let Some(mount_path) = mount.mount_path else {
-        return Err(here(invalid(match &base {
+        return Err(here(Denial::invalid(match &base {
             Base::Profile(p, _) => format!("mountPath is required: profile {p:?} does not set one"),
             Base::Inline(_) => "mountPath is required".into(),
         })));
@@ -99,62 +99,53 @@ fn resolve(
         pod,
         mount.containers.as_deref(),
         mount.init_containers.as_ref(),
-        &at,
-    )?;
+    )
+    .map_err(here)?;
 
     // size=request: from the pod's own requests, unless a size is given here; a profile's
     // default `size: request` gives way to an explicit size.
     let from_request = size_from_request
         || (size.is_none() && matches!(base, Base::Profile(_, p) if p.size_from_request));
     let size = match from_request {
-        true => Some(
-            targets::requested_size(pod, &containers, &init_containers)
-                .map_err(|m| here(invalid(m)))?,
-        ),
+        true => Some(targets::requested_size(pod, &containers, &init_containers).map_err(here)?),
         false => size,
     };
-    let sized = build(cfg, cluster, base, size.as_deref(), checked, from_request).map_err(here)?;
+    let built = build(cfg, cluster, base, size.as_deref(), checked, from_request).map_err(here)?;
 
-    if sized.medium == Medium::Memory && pod.is_windows() {
-        return Err(here((
-            DenyReason::Conflict,
+    if built.medium == Medium::Memory && pod.is_windows() {
+        return Err(here(Denial::conflict(
             "a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); \
-             use a disk emptyDir"
-                .into(),
+             use a disk emptyDir",
         )));
     }
 
     Ok(Volume {
         name,
         origin,
-        kind: sized.kind,
-        source: sized.json,
-        size: sized.size,
-        medium: sized.medium,
+        kind: built.kind,
+        source: built.json,
+        size: built.size,
+        medium: built.medium,
         mount_path,
         read_only: mount.read_only,
         sub_path: mount.sub_path,
         env: mount.env.unwrap_or_default(),
         containers,
         init_containers,
-        cluster: sized.finding,
+        cluster: built.finding,
     })
 }
 
-fn invalid(m: String) -> (DenyReason, String) {
-    (DenyReason::Invalid, m)
-}
-
 /// The profile a request names (it must exist), or its own source (if policy allows one).
-fn base(cfg: &Config, source: Requested, checked: bool) -> Result<Base<'_>, (DenyReason, String)> {
+fn base(cfg: &Config, source: Requested, checked: bool) -> Result<Base<'_>, Denial> {
     match source {
         Requested::Profile(p) => {
-            let profile = profile(cfg, &p).map_err(invalid)?;
+            let profile = profile(cfg, &p)?;
             Ok(Base::Profile(p, profile))
         }
         Requested::Inline(source) => {
             if checked {
-                policy::inline_allowed(&cfg.policy).map_err(|m| (DenyReason::Policy, m))?;
+                policy::inline_allowed(&cfg.policy)?;
             }
             Ok(Base::Inline(source))
         }
@@ -171,13 +162,13 @@ fn build(
     size: Option<&str>,
     checked: bool,
     from_request: bool,
-) -> Result<Sized, (DenyReason, String)> {
+) -> Result<Built, Denial> {
     match base {
         // Used as is: its bytes were written when the configuration was loaded.
         Base::Profile(_, p)
             if size.is_none() && policy::default_size(&cfg.policy, &p.source).is_none() =>
         {
-            Ok(Sized {
+            Ok(Built {
                 kind: p.compiled.kind,
                 json: p.compiled.json.clone(),
                 size: p.compiled.size,
@@ -210,17 +201,17 @@ fn build(
 }
 
 /// A profile of the configuration, or an error listing those there are.
-fn profile<'c>(cfg: &'c Config, name: &str) -> Result<&'c Profile, String> {
+fn profile<'c>(cfg: &'c Config, name: &str) -> Result<&'c Profile, Denial> {
     cfg.profiles.get(name).ok_or_else(|| {
         let known: Vec<&str> = cfg.profiles.keys().map(String::as_str).collect();
-        format!(
+        Denial::invalid(format!(
             "profile {name:?} is not defined (defined: {})",
             if known.is_empty() {
                 "none".to_owned()
             } else {
                 known.join(", ")
             }
-        )
+        ))
     })
 }
 
@@ -231,7 +222,7 @@ enum Base<'c> {
 }
 
 /// The source with its size, as the patch will carry it.
-struct Sized {
+struct Built {
     kind: VolumeKind,
     json: Arc<RawValue>,
     size: Option<Quantity>,
@@ -255,9 +246,8 @@ fn sized(
     source: Source,
     size: Option<&str>,
     checks: Checks,
-) -> Result<Sized, (DenyReason, String)> {
-    let invalid = |e: crate::validate::Invalid| (DenyReason::Invalid, e.0);
-    let forbidden = |m: String| (DenyReason::Policy, m);
+) -> Result<Built, Denial> {
+    let invalid = |e: crate::validate::Invalid| Denial::invalid(e.0);
     let policy = &cfg.policy;
     let kind = source.kind();
     let mut source = match size {
@@ -267,23 +257,20 @@ fn sized(
     let medium = source.medium();
     let mut size = source.size().map_err(invalid)?;
     if checks.allowlists {
-        policy::kind_allowed(policy, kind).map_err(forbidden)?;
-        policy::allowlists(policy, &source).map_err(forbidden)?;
+        policy::kind_allowed(policy, kind)?;
+        policy::allowlists(policy, &source)?;
     }
     if checks.max_size {
-        policy::max_size(policy, kind, medium, size).map_err(forbidden)?;
+        policy::max_size(policy, kind, medium, size)?;
     }
     if let Some((text, quantity)) = policy::default_size(policy, &source) {
         source = source.with_size(text).map_err(invalid)?;
         size = Some(quantity);
     }
-    let json = source.to_json().map_err(|e| {
-        (
-            DenyReason::Invalid,
-            format!("the volume could not be written: {e}"),
-        )
-    })?;
-    Ok(Sized {
+    let json = source
+        .to_json()
+        .map_err(|e| Denial::invalid(format!("the volume could not be written: {e}")))?;
+    Ok(Built {
         kind,
         json,
         size,

@@ -1,7 +1,7 @@
 //! Which containers get a volume's mount, and `size=request` (a size read from them).
 
 use crate::{
-    decision::{Denial, DenyReason},
+    decision::Denial,
     pod::{ContainerView, PodView},
     quantity::Quantity,
     volume::InitTargets,
@@ -25,12 +25,10 @@ impl Targets {
 }
 
 /// The containers and init containers named by a request, each of which must be in the pod.
-/// `at` names the request in messages.
 pub(super) fn find(
     pod: &PodView,
     containers: Option<&[String]>,
     init: Option<&InitTargets>,
-    at: &dyn Fn() -> String,
 ) -> Result<(Targets, Targets), Denial> {
     let positions = |list: &[ContainerView], names: &[String], what: &str| {
         names
@@ -38,14 +36,10 @@ pub(super) fn find(
             .map(|n| {
                 list.iter().position(|c| *c.name == **n).ok_or_else(|| {
                     let present: Vec<&str> = list.iter().map(|c| &*c.name).collect();
-                    Denial::new(
-                        DenyReason::Conflict,
-                        format!(
-                            "{}: {what} {n:?} is not in the pod ({what}s: {})",
-                            at(),
-                            present.join(", ")
-                        ),
-                    )
+                    Denial::conflict(format!(
+                        "{what} {n:?} is not in the pod ({what}s: {})",
+                        present.join(", ")
+                    ))
                 })
             })
             .collect::<Result<Vec<usize>, Denial>>()
@@ -70,7 +64,7 @@ pub(super) fn requested_size(
     pod: &PodView,
     containers: &Targets,
     init_containers: &Targets,
-) -> Result<String, String> {
+) -> Result<String, Denial> {
     let targeted: Vec<&ContainerView> = targeted(pod.containers(), containers)
         .chain(targeted(pod.init_containers(), init_containers))
         .collect();
@@ -84,13 +78,13 @@ pub(super) fn requested_size(
         if let Some(q) = request {
             let q = q
                 .parse::<Quantity>()
-                .map_err(|e| format!("size=request: container {}: {e}", c.name))?;
+                .map_err(|e| Denial::invalid(format!("size=request: container {}: {e}", c.name)))?;
             largest = largest.max(Some(q));
         }
     }
     match largest {
         Some(q) if !q.is_zero() => Ok(q.to_string()),
-        _ => Err(format!(
+        _ => Err(Denial::invalid(format!(
             "size=request, but {} (set one, e.g. with Nextflow's disk directive, or give a size)",
             match targeted.as_slice() {
                 [one] => format!("container {} has no ephemeral-storage request", one.name),
@@ -99,7 +93,7 @@ pub(super) fn requested_size(
                     many.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
                 ),
             }
-        )),
+        ))),
     }
 }
 

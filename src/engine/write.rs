@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::plan::{Additions, ContainerChanges, Metadata, Plan, annotation_map};
 use crate::{
-    decision::{Denial, DenyReason},
+    decision::Denial,
     patch::{MetadataWith, Patch},
 };
 
@@ -94,12 +94,9 @@ fn add_all<T: Serialize>(
 
 /// Serialising the patch cannot fail for these types; should it, the pod is refused.
 fn add<T: Serialize + ?Sized>(patch: &mut Patch, path: &str, value: &T) -> Result<(), Denial> {
-    patch.add(path, value).map_err(|e| {
-        Denial::new(
-            DenyReason::Invalid,
-            format!("the patch could not be written: {e}"),
-        )
-    })
+    patch
+        .add(path, value)
+        .map_err(|e| Denial::invalid(format!("the patch could not be written: {e}")))
 }
 
 #[cfg(test)]
