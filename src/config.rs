@@ -24,7 +24,7 @@ pub enum ConfigError {
     Read {
         /// The file.
         path: String,
-        /// Why.
+        /// The operating system's error, as text.
         message: String,
     },
     /// Every problem found, each naming its place.
@@ -94,19 +94,13 @@ struct FileMaxSize {
 pub struct Config {
     /// `annotationPrefix`: annotations `<prefix>/<volume>` ask for volumes.
     pub prefix: String,
-    /// `injector.<prefix>/injected`
-    pub injected_key: String,
+    /// `injector.<prefix>/injected`: the volumes the webhook added.
+    pub injected: StatusKey,
     /// `injector.<prefix>/error`, written when `onError: warn` admits a pod it could not serve.
-    pub error_key: String,
-    /// The two keys as JSON-pointer tokens (RFC 6901), computed once.
-    pub injected_token: String,
-    /// `error_key` as a JSON-pointer token.
-    pub error_token: String,
+    pub error: StatusKey,
     /// `injector.<prefix>/cluster-check`, written under `clusterChecks: warn` when the cluster
-    /// lacks what a volume needs; and its token.
-    pub cluster_check_key: String,
-    /// `cluster_check_key` as a JSON-pointer token.
-    pub cluster_check_token: String,
+    /// lacks what a volume needs.
+    pub cluster_check: StatusKey,
     /// `onError`.
     pub on_error: OnError,
     /// `clusterChecks`.
@@ -177,6 +171,26 @@ impl Default for Policy {
     }
 }
 
+/// A status annotation the webhook writes on a pod, `injector.<prefix>/<name>`: its key, and
+/// the key as a JSON-pointer token (RFC 6901) for the patch, computed once at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusKey {
+    /// `injector.<prefix>/<name>`.
+    pub key: String,
+    /// The key with `~` and `/` escaped, as a patch path segment.
+    pub token: String,
+}
+
+impl StatusKey {
+    fn new(prefix: &str, name: &str) -> StatusKey {
+        let key = format!("injector.{prefix}/{name}");
+        StatusKey {
+            token: crate::patch::escape(&key).into_owned(),
+            key,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config::with_prefix(DEFAULT_PREFIX)
@@ -187,15 +201,9 @@ impl Config {
     fn with_prefix(prefix: &str) -> Self {
         Config {
             prefix: prefix.to_owned(),
-            injected_key: format!("injector.{prefix}/injected"),
-            error_key: format!("injector.{prefix}/error"),
-            injected_token: format!("injector.{}~1injected", crate::patch::escape(prefix)),
-            error_token: format!("injector.{}~1error", crate::patch::escape(prefix)),
-            cluster_check_key: format!("injector.{prefix}/cluster-check"),
-            cluster_check_token: format!(
-                "injector.{}~1cluster-check",
-                crate::patch::escape(prefix)
-            ),
+            injected: StatusKey::new(prefix, "injected"),
+            error: StatusKey::new(prefix, "error"),
+            cluster_check: StatusKey::new(prefix, "cluster-check"),
             on_error: OnError::Deny,
             cluster_checks: crate::cluster::Mode::default(),
             profiles: BTreeMap::new(),
@@ -633,7 +641,7 @@ mod tests {
     #[test]
     fn the_documented_example_compiles() {
         let cfg = Config::parse(documented_example()).unwrap();
-        assert_eq!(cfg.injected_key, "injector.ephemeral-volumes.io/injected");
+        assert_eq!(cfg.injected.key, "injector.ephemeral-volumes.io/injected");
         assert_eq!(cfg.profiles.len(), 2);
         assert_eq!(
             cfg.rules[0].volumes["scratch"].source,
@@ -682,8 +690,8 @@ mod tests {
     #[test]
     fn a_custom_prefix_moves_the_status_domain_too() {
         let cfg = Config::parse("annotationPrefix: volumes.example.com").unwrap();
-        assert_eq!(cfg.injected_key, "injector.volumes.example.com/injected");
-        assert_eq!(cfg.error_key, "injector.volumes.example.com/error");
+        assert_eq!(cfg.injected.key, "injector.volumes.example.com/injected");
+        assert_eq!(cfg.error.key, "injector.volumes.example.com/error");
     }
 
     #[test]

@@ -49,9 +49,9 @@ impl DenyReason {
 /// A refusal: its reason and a message naming the annotation (or rule) and the field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Denial {
-    /// Why.
+    /// Which kind of refusal: it sets the status code, the status reason and the metric label.
     pub reason: DenyReason,
-    /// What, and where.
+    /// The message for the user: the annotation or rule, the field, and what is wrong.
     pub message: String,
 }
 

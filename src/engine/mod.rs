@@ -87,7 +87,7 @@ fn decide_or_refuse(
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
     let unavailable = unavailable(mode, &volumes)?;
 
-    let mut plan = plan::plan(pod, &volumes, (&cfg.injected_key, &cfg.injected_token))?;
+    let mut plan = plan::plan(pod, &volumes, &cfg.injected)?;
     for v in &volumes {
         if let Some(Finding::Suspect(m)) = &v.cluster {
             plan.warnings.push(format!("volume {}: {m}", v.name));
@@ -98,11 +98,7 @@ fn decide_or_refuse(
     if !unavailable.is_empty() {
         let value = unavailable.join("; ");
         plan.warnings.extend(unavailable);
-        plan.annotate(
-            pod,
-            (&cfg.cluster_check_key, &cfg.cluster_check_token),
-            value,
-        );
+        plan.annotate(pod, &cfg.cluster_check, value);
     }
     let patch = write::write(at.pointer, &plan)?;
     Ok(if patch.is_empty() {
@@ -140,11 +136,7 @@ fn apply_on_error(cfg: &Config, pod: &PodView, at: PodLocation<'_>, denial: Deni
         OnError::Deny => Decision::Denied(denial),
         OnError::Warn => {
             let mut plan = Plan::new(pod);
-            plan.annotate(
-                pod,
-                (&cfg.error_key, &cfg.error_token),
-                denial.message.clone(),
-            );
+            plan.annotate(pod, &cfg.error, denial.message.clone());
             match write::write(at.pointer, &plan) {
                 Ok(patch) => Decision::AdmittedDespiteError {
                     patch,
@@ -206,9 +198,9 @@ mod tests {
         let (decision, patched) = run(&cfg, Some(&ClusterState::default()), &pod);
         assert!(matches!(decision, Decision::Mutated { .. }), "{decision:?}");
         let annotations = &patched["metadata"]["annotations"];
-        assert_eq!(annotations[&cfg.injected_key], "s");
+        assert_eq!(annotations[&cfg.injected.key], "s");
         assert!(
-            annotations[&cfg.cluster_check_key]
+            annotations[&cfg.cluster_check.key]
                 .as_str()
                 .is_some_and(|m| m.contains("StorageClass \"fast\"")),
             "{patched}"
@@ -226,7 +218,7 @@ mod tests {
         };
         assert_eq!(denial.reason, DenyReason::Invalid);
         assert_eq!(
-            patched["metadata"]["annotations"][&cfg.error_key],
+            patched["metadata"]["annotations"][&cfg.error.key],
             denial.message.as_str()
         );
         // Reinvoked: still admitted despite the error, with nothing more to write.

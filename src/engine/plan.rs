@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{existing, resolve::Volume};
 use crate::{
+    config::StatusKey,
     decision::Denial,
     patch,
     pod::{ContainerView, PodView, QuantityText},
@@ -99,14 +100,16 @@ impl Plan {
         }
     }
 
-    /// Sets an annotation, unless the pod already has it with this value. `key` is the key
-    /// and its JSON-pointer token.
-    pub(super) fn annotate(&mut self, pod: &PodView, (key, token): (&str, &str), value: String) {
-        let current = pod.annotations().and_then(|a| a.get(key)).map(|v| &**v);
+    /// Sets a status annotation, unless the pod already has it with this value.
+    pub(super) fn annotate(&mut self, pod: &PodView, status: &StatusKey, value: String) {
+        let current = pod
+            .annotations()
+            .and_then(|a| a.get(status.key.as_str()))
+            .map(|v| &**v);
         if current != Some(value.as_str()) {
             self.annotations.push(Annotation {
-                key: key.to_owned(),
-                token: token.to_owned(),
+                key: status.key.clone(),
+                token: status.token.clone(),
                 value,
             });
         }
@@ -117,11 +120,7 @@ impl Plan {
 /// done, different ones are conflicts), mounts and variables per container (a path taken by
 /// another volume is a conflict, a variable already set is left alone), the record annotation
 /// (every volume the webhook manages on this pod) and the warnings.
-pub(super) fn plan(
-    pod: &PodView,
-    volumes: &[Volume],
-    record: (&str, &str),
-) -> Result<Plan, Denial> {
+pub(super) fn plan(pod: &PodView, volumes: &[Volume], record: &StatusKey) -> Result<Plan, Denial> {
     let mut plan = Plan::new(pod);
     for v in volumes {
         add_volume(&mut plan, pod, v)?;

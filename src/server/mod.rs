@@ -88,7 +88,7 @@ pub enum ServeError {
     Bind {
         /// The address.
         addr: SocketAddr,
-        /// Why.
+        /// The operating system's error (address in use, permission denied).
         source: std::io::Error,
     },
     /// The CA file of the self-signed certificate.
@@ -96,7 +96,7 @@ pub enum ServeError {
     WriteCa {
         /// The file.
         path: String,
-        /// Why.
+        /// The operating system's error.
         source: std::io::Error,
     },
     /// The async runtime.

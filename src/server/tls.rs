@@ -21,7 +21,7 @@ pub enum TlsError {
     Read {
         /// The file.
         path: String,
-        /// Why.
+        /// The operating system's error (no such file, permission denied).
         source: std::io::Error,
     },
     /// PEM that holds no usable certificate or key.
