@@ -3,13 +3,13 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
     quantity::Quantity,
-    validate::{self, Invalid, from_json_strict, parse_size},
+    selector::Selector,
+    validate::{self, parse_size},
     volume::{Profile, Requested, VolumeKind, VolumeRequest},
 };
 
@@ -524,85 +524,6 @@ fn compile_policy(p: FilePolicy, errors: &mut Vec<String>) -> Policy {
     policy
 }
 
-// === label selectors ===
-
-/// A compiled `metav1.LabelSelector`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Selector {
-    match_labels: BTreeMap<String, String>,
-    expressions: Vec<Requirement>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Requirement {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-impl Selector {
-    fn from_json(v: &Value) -> Result<Selector, Invalid> {
-        let sel: LabelSelector = from_json_strict("podSelector", v)?;
-        let mut expressions = Vec::new();
-        for (i, e) in sel
-            .match_expressions
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-        {
-            let values = e.values.unwrap_or_default();
-            let at = format!("matchExpressions[{i}] ({})", e.key);
-            let req = match e.operator.as_str() {
-                "In" | "NotIn" if values.is_empty() => {
-                    return Err(Invalid(format!(
-                        "{at}: operator {} needs values",
-                        e.operator
-                    )));
-                }
-                "Exists" | "DoesNotExist" if !values.is_empty() => {
-                    return Err(Invalid(format!(
-                        "{at}: operator {} takes no values",
-                        e.operator
-                    )));
-                }
-                "In" => Requirement::In(e.key, values),
-                "NotIn" => Requirement::NotIn(e.key, values),
-                "Exists" => Requirement::Exists(e.key),
-                "DoesNotExist" => Requirement::DoesNotExist(e.key),
-                other => {
-                    return Err(Invalid(format!(
-                        "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
-                    )));
-                }
-            };
-            expressions.push(req);
-        }
-        Ok(Selector {
-            match_labels: sel.match_labels.unwrap_or_default(),
-            expressions,
-        })
-    }
-
-    /// Whether these labels match (Kubernetes semantics: every requirement must hold).
-    pub fn matches<K, V>(&self, labels: &BTreeMap<K, V>) -> bool
-    where
-        K: std::borrow::Borrow<str> + Ord,
-        V: std::ops::Deref<Target = str>,
-    {
-        let get = |k: &str| labels.get(k).map(|v| &**v);
-        self.match_labels
-            .iter()
-            .all(|(k, v)| get(k) == Some(v.as_str()))
-            && self.expressions.iter().all(|r| match r {
-                Requirement::In(k, vs) => get(k).is_some_and(|v| vs.iter().any(|x| x == v)),
-                Requirement::NotIn(k, vs) => get(k).is_none_or(|v| !vs.iter().any(|x| x == v)),
-                Requirement::Exists(k) => get(k).is_some(),
-                Requirement::DoesNotExist(k) => get(k).is_none(),
-            })
-    }
-}
-
 impl Rule {
     /// Whether the rule applies in this namespace (every namespace when none are listed).
     pub fn in_namespace(&self, namespace: &str) -> bool {
@@ -758,30 +679,5 @@ policy:
             e.to_string().contains("defaultSizeLimit 20Gi exceeds"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn selectors_follow_kubernetes_semantics() {
-        let sel = Selector::from_json(&serde_json::json!({
-            "matchLabels": {"app": "nf"},
-            "matchExpressions": [
-                {"key": "tier", "operator": "In", "values": ["a", "b"]},
-                {"key": "skip", "operator": "DoesNotExist"},
-                {"key": "env", "operator": "NotIn", "values": ["prod"]},
-            ]
-        }))
-        .unwrap();
-        let l = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>()
-        };
-        assert!(sel.matches(&l(&[("app", "nf"), ("tier", "a")])));
-        assert!(sel.matches(&l(&[("app", "nf"), ("tier", "b"), ("env", "dev")])));
-        assert!(!sel.matches(&l(&[("app", "nf"), ("tier", "c")])));
-        assert!(!sel.matches(&l(&[("app", "nf"), ("tier", "a"), ("skip", "")])));
-        assert!(!sel.matches(&l(&[("app", "nf"), ("tier", "a"), ("env", "prod")])));
-        assert!(!sel.matches(&l(&[("tier", "a")])));
     }
 }

@@ -16,6 +16,7 @@ pub mod patch;
 pub mod pod;
 pub mod quantity;
 pub mod review;
+pub mod selector;
 pub mod server;
 pub mod text;
 pub mod validate;
