@@ -6,13 +6,6 @@
 
 use std::{collections::BTreeMap, str::FromStr};
 
-use k8s_openapi::{
-    api::core::v1::{
-        CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource, PersistentVolumeClaimSpec,
-        PersistentVolumeClaimTemplate, VolumeResourceRequirements,
-    },
-    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
-};
 use serde_json::Value;
 
 use crate::{
@@ -336,14 +329,8 @@ impl<'a> Raw<'a> {
     /// The source (a profile with its size override, or a validated inline source), with the
     /// first shorthand written that does not apply to it refused.
     fn source(&self) -> Result<(Requested, Option<String>), Invalid> {
-        let only = |fit: Fit, context: &dyn Fn() -> String| -> Result<(), Invalid> {
-            match self.misfits[fit as usize] {
-                Some(s) => bad(format!("{s} does not apply to {}", context())),
-                None => Ok(()),
-            }
-        };
         if let Some(profile) = self.profile {
-            only(Fit::Profile, &|| {
+            self.only(Fit::Profile, || {
                 format!("profile={profile}: a profile fixes the volume source")
             })?;
             if let Some(s) = self.size {
@@ -353,9 +340,9 @@ impl<'a> Raw<'a> {
             return Ok((Requested::Profile(profile.to_owned()), size));
         }
         let source = if let Some(kind) = self.kind {
-            self.shorthand_source(kind, &only)?
+            self.shorthand_source(kind)?
         } else {
-            only(Fit::Json, &|| {
+            self.only(Fit::Json, || {
                 "a volume given as a JSON object; put it inside the object".to_owned()
             })?;
             if let Some(v) = self.empty_dir {
@@ -404,74 +391,48 @@ impl<'a> Raw<'a> {
         })
     }
 
-    fn shorthand_source(&self, kind: VolumeKind, only: &OnlyCheck<'_>) -> Result<Source, Invalid> {
+    /// The source a `type=` shorthand describes, from the shorthand fields given with it.
+    fn shorthand_source(&self, kind: VolumeKind) -> Result<Source, Invalid> {
         Ok(match kind {
             VolumeKind::EmptyDir => {
-                only(Fit::EmptyDir, &|| "type=emptyDir".to_owned())?;
-                Source::EmptyDir(EmptyDirVolumeSource {
-                    medium: self.medium.map(str::to_owned),
-                    size_limit: self.size.map(|s| K8sQuantity(s.to_owned())),
-                })
+                self.only(Fit::EmptyDir, || "type=emptyDir".to_owned())?;
+                Source::empty_dir(self.medium, self.size)
             }
             VolumeKind::Csi => {
-                only(Fit::Csi, &|| "type=csi".to_owned())?;
-                let Some(driver) = self.driver.map(str::to_owned) else {
+                self.only(Fit::Csi, || "type=csi".to_owned())?;
+                let Some(driver) = self.driver else {
                     return bad("type=csi needs driver=<CSI driver name>");
                 };
-                Source::Csi(CSIVolumeSource {
-                    driver,
-                    fs_type: self.fs_type.map(str::to_owned),
-                    // The Secrets Store driver refuses a writable inline volume; readOnly on the
-                    // annotation means both the mount and the volume.
-                    read_only: self.read_only,
-                    volume_attributes: (!self.attrs.is_empty()).then(|| {
-                        self.attrs
-                            .iter()
-                            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                            .collect()
-                    }),
-                    node_publish_secret_ref: None,
-                })
+                // readOnly on the annotation means both the mount and the volume.
+                Source::csi(driver, self.fs_type, self.read_only, &self.attrs)
             }
             VolumeKind::Ephemeral => {
-                only(Fit::Ephemeral, &|| "type=ephemeral".to_owned())?;
-                let size = match (self.size, self.size_request) {
-                    (Some(size), _) => Some(size.to_owned()),
-                    (None, true) => None,
-                    (None, false) => {
-                        return bad(
-                            "type=ephemeral needs size=<quantity> (e.g. size=100Gi) or size=request",
-                        );
-                    }
-                };
-                let access = self.access_mode.unwrap_or("ReadWriteOnce").to_owned();
-                Source::Ephemeral(Box::new(EphemeralVolumeSource {
-                    volume_claim_template: Some(PersistentVolumeClaimTemplate {
-                        metadata: None,
-                        spec: PersistentVolumeClaimSpec {
-                            access_modes: Some(vec![access]),
-                            storage_class_name: self.storage_class.map(str::to_owned),
-                            resources: size.map(|size| VolumeResourceRequirements {
-                                requests: Some(BTreeMap::from([(
-                                    "storage".to_owned(),
-                                    K8sQuantity(size),
-                                )])),
-                                limits: None,
-                            }),
-                            ..Default::default()
-                        },
-                    }),
-                }))
+                self.only(Fit::Ephemeral, || "type=ephemeral".to_owned())?;
+                if self.size.is_none() && !self.size_request {
+                    return bad(
+                        "type=ephemeral needs size=<quantity> (e.g. size=100Gi) or size=request",
+                    );
+                }
+                let access = self.access_mode.unwrap_or("ReadWriteOnce");
+                Source::ephemeral(self.storage_class, access, self.size)
             }
         })
     }
-}
 
-type OnlyCheck<'a> = dyn Fn(Fit, &dyn Fn() -> String) -> Result<(), Invalid> + 'a;
+    /// Refuses the first shorthand written that does not fit `fit` (`context` says what the
+    /// volume is, for the message).
+    fn only(&self, fit: Fit, context: impl FnOnce() -> String) -> Result<(), Invalid> {
+        match self.misfits[fit as usize] {
+            Some(s) => bad(format!("{s} does not apply to {}", context())),
+            None => Ok(()),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
     fn ok(v: &str) -> VolumeRequest {
         v.parse().unwrap_or_else(|e| panic!("{v}: {e}"))

@@ -3,10 +3,13 @@
 //! compilation). Nothing here parses an annotation ([`crate::annotation`]) or decides for a pod
 //! ([`crate::engine`]).
 
-use std::{fmt, str::FromStr, sync::Arc};
+use std::{collections::BTreeMap, fmt, str::FromStr, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource},
+    api::core::v1::{
+        CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource, PersistentVolumeClaimSpec,
+        PersistentVolumeClaimTemplate, VolumeResourceRequirements,
+    },
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 use serde_json::value::RawValue;
@@ -90,6 +93,58 @@ pub enum Source {
 }
 
 impl Source {
+    /// An emptyDir: on the node's disk, or in `medium` (`Memory`), of at most `size`.
+    pub fn empty_dir(medium: Option<&str>, size: Option<&str>) -> Source {
+        Source::EmptyDir(EmptyDirVolumeSource {
+            medium: medium.map(str::to_owned),
+            size_limit: size.map(|s| K8sQuantity(s.to_owned())),
+        })
+    }
+
+    /// A CSI inline volume of `driver`, with its `volumeAttributes` (none when empty).
+    /// `read_only` is the source's own flag (the Secrets Store driver refuses a writable one).
+    pub fn csi(
+        driver: &str,
+        fs_type: Option<&str>,
+        read_only: Option<bool>,
+        attributes: &BTreeMap<&str, &str>,
+    ) -> Source {
+        Source::Csi(CSIVolumeSource {
+            driver: driver.to_owned(),
+            fs_type: fs_type.map(str::to_owned),
+            read_only,
+            volume_attributes: (!attributes.is_empty()).then(|| {
+                attributes
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect()
+            }),
+            node_publish_secret_ref: None,
+        })
+    }
+
+    /// A generic ephemeral volume: a PVC of `storage_class` (the cluster's default when
+    /// `None`) with one access mode, requesting `size` (set later for `size=request`).
+    pub fn ephemeral(storage_class: Option<&str>, access_mode: &str, size: Option<&str>) -> Source {
+        Source::Ephemeral(Box::new(EphemeralVolumeSource {
+            volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                metadata: None,
+                spec: PersistentVolumeClaimSpec {
+                    access_modes: Some(vec![access_mode.to_owned()]),
+                    storage_class_name: storage_class.map(str::to_owned),
+                    resources: size.map(|size| VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "storage".to_owned(),
+                            K8sQuantity(size.to_owned()),
+                        )])),
+                        limits: None,
+                    }),
+                    ..Default::default()
+                },
+            }),
+        }))
+    }
+
     /// The source's kind.
     pub fn kind(&self) -> VolumeKind {
         match self {
