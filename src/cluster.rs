@@ -1,6 +1,6 @@
 //! What the cluster checks know of the cluster: its CSIDriver and StorageClass objects, each
 //! reduced to the fields the checks read. Built from objects (`mutate --cluster FILE`) or kept
-//! up to date by watches (`serve`, in `src/server/cluster.rs`); the checks themselves are
+//! up to date by watches (`serve`, in `src/server/watch.rs`); the checks themselves are
 //! pure and run on the request path without any API call.
 
 use std::collections::BTreeMap;

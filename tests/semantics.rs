@@ -613,7 +613,7 @@ fn a_huge_annotation_value_comes_back_cut_with_its_length() {
         .collect();
     let d = decide(&Config::default(), &pod(Value::Object(many)));
     assert!(
-        d.message.len() <= evi::text::MESSAGE_LIMIT + 40,
+        d.message.len() <= evi::echo::MESSAGE_LIMIT + 40,
         "{} bytes",
         d.message.len()
     );

@@ -23,11 +23,11 @@ use crate::{
     cluster::{ClusterState, Finding, Known, Mode as ClusterMode},
     config::{Config, OnError},
     decision::{Decision, Denial, DenyReason},
+    echo,
     pod::PodView,
-    text,
 };
 
-use self::{plan::Plan, resolve::Volume};
+use self::{plan::Plan, resolve::Resolved};
 
 /// Where the pod is: the namespace its rules are matched in, and where it sits in the object
 /// the patch applies to.
@@ -58,7 +58,7 @@ pub fn decide(
     match decide_or_refuse(cfg, checks, pod, at) {
         Ok(decision) => decision,
         Err(mut denial) => {
-            if let Cow::Owned(cut) = text::bounded(&denial.message, text::MESSAGE_LIMIT) {
+            if let Cow::Owned(cut) = echo::bounded(&denial.message, echo::MESSAGE_LIMIT) {
                 denial.message = cut;
             }
             apply_on_error(cfg, pod, at, denial)
@@ -116,7 +116,7 @@ fn decide_or_refuse(
 
 /// The volumes the cluster cannot provide: a denial under `clusterChecks: enforce`, else
 /// their messages (for `warn`).
-fn unavailable(mode: ClusterMode, volumes: &[Volume]) -> Result<Vec<String>, Denial> {
+fn unavailable(mode: ClusterMode, volumes: &[Resolved]) -> Result<Vec<String>, Denial> {
     let unavailable: Vec<String> = volumes
         .iter()
         .filter_map(|v| match &v.cluster {

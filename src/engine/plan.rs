@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{existing, resolve::Volume};
+use super::{existing, resolve::Resolved};
 use crate::{
     config::StatusKey,
     decision::Denial,
@@ -120,7 +120,11 @@ impl Plan {
 /// done, different ones are conflicts), mounts and variables per container (a path taken by
 /// another volume is a conflict, a variable already set is left alone), the record annotation
 /// (every volume the webhook manages on this pod) and the warnings.
-pub(super) fn plan(pod: &PodView, volumes: &[Volume], record: &StatusKey) -> Result<Plan, Denial> {
+pub(super) fn plan(
+    pod: &PodView,
+    volumes: &[Resolved],
+    record: &StatusKey,
+) -> Result<Plan, Denial> {
     let mut plan = Plan::new(pod);
     for v in volumes {
         add_volume(&mut plan, pod, v)?;
@@ -131,7 +135,7 @@ pub(super) fn plan(pod: &PodView, volumes: &[Volume], record: &StatusKey) -> Res
     ];
     for (list, containers) in lists {
         for (index, c) in containers.iter().enumerate() {
-            let targets = |v: &Volume| match list {
+            let targets = |v: &Resolved| match list {
                 ContainerList::Containers => v.containers.contains(index),
                 ContainerList::InitContainers => v.init_containers.contains(index),
             };
@@ -162,7 +166,7 @@ pub(super) fn plan(pod: &PodView, volumes: &[Volume], record: &StatusKey) -> Res
 }
 
 /// A new volume, or one the pod already has identically (nothing to add).
-fn add_volume(plan: &mut Plan, pod: &PodView, v: &Volume) -> Result<(), Denial> {
+fn add_volume(plan: &mut Plan, pod: &PodView, v: &Resolved) -> Result<(), Denial> {
     let volume = patch::Volume {
         name: v.name.clone(),
         kind: v.kind,
@@ -205,7 +209,7 @@ fn mount(
     changes: &mut ContainerChanges,
     warnings: &mut Vec<String>,
     c: &ContainerView,
-    v: &Volume,
+    v: &Resolved,
 ) -> Result<(), Denial> {
     let want = normalize_path(&v.mount_path);
     let existing = c
@@ -246,7 +250,7 @@ fn set_env(
     changes: &mut ContainerChanges,
     warnings: &mut Vec<String>,
     c: &ContainerView,
-    v: &Volume,
+    v: &Resolved,
 ) {
     for var in &v.env {
         match c.env.iter().flatten().find(|e| *e.name == **var) {
@@ -268,7 +272,7 @@ fn set_env(
 }
 
 /// An emptyDir that can outgrow what the container is given.
-fn warn_mount(warnings: &mut Vec<String>, c: &ContainerView, v: &Volume) {
+fn warn_mount(warnings: &mut Vec<String>, c: &ContainerView, v: &Resolved) {
     if v.kind != VolumeKind::EmptyDir {
         return;
     }

@@ -3,7 +3,7 @@
 
 use super::combine;
 use crate::{
-    config::Config, decision::Denial, pod::PodView, text, validate, volume::VolumeRequest,
+    config::Config, decision::Denial, echo, pod::PodView, validate, volume::VolumeRequest,
 };
 
 /// Where a request came from, for messages and for policy.
@@ -63,7 +63,7 @@ pub(super) fn collect(
             }),
             Err(e) => errors.push(Denial::invalid(format!(
                 "annotation {key}: {}",
-                text::bounded(&e.0, text::ECHO_LIMIT)
+                echo::bounded(&e.0, echo::ECHO_LIMIT)
             ))),
         }
     }

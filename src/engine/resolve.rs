@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// A volume to add to the pod, with everything the plan needs.
-pub(super) struct Volume {
+pub(super) struct Resolved {
     pub name: String,
     pub origin: Origin,
     pub kind: VolumeKind,
@@ -46,7 +46,7 @@ pub(super) fn all(
     cluster: Option<&ClusterState>,
     pod: &PodView,
     requests: Vec<Request>,
-) -> Result<Vec<Volume>, Denial> {
+) -> Result<Vec<Resolved>, Denial> {
     let count = requests.len();
     let mut volumes = Vec::with_capacity(count);
     let mut errors = Vec::new();
@@ -72,7 +72,7 @@ fn resolve(
         origin,
         request,
     }: Request,
-) -> Result<Volume, Denial> {
+) -> Result<Resolved, Denial> {
     // Where the request came from, written out only for a message.
     let at = || origin.describe(&name);
     let here = |d: Denial| d.at(at());
@@ -119,7 +119,7 @@ fn resolve(
         )));
     }
 
-    Ok(Volume {
+    Ok(Resolved {
         name,
         origin,
         kind: built.kind,

@@ -10,7 +10,6 @@
 
 mod admin;
 mod args;
-mod cluster;
 mod connection;
 mod listener;
 mod logging;
@@ -18,6 +17,7 @@ mod metrics;
 mod reload;
 mod shutdown;
 pub mod tls;
+mod watch;
 mod webhook;
 
 use std::{
@@ -61,7 +61,7 @@ pub(crate) struct AppState {
     pub max_body_bytes: usize,
     pub body_timeout: Duration,
     /// The cluster as the watches see it; `None` without API access (checks off).
-    pub cluster: Option<Arc<cluster::ClusterWatch>>,
+    pub cluster: Option<Arc<watch::ClusterWatch>>,
     /// The first cluster lists arrived, or the sync timeout passed (readiness waits for it).
     pub cluster_ready: AtomicBool,
     /// Why there is no API client although one was asked for (`--kubeconfig`, or a pod's
@@ -109,7 +109,7 @@ pub enum ServeError {
     #[error(
         "the cluster checks are on (clusterChecks: enforce or warn) but no API client can be built for them: {0}; fix the kubeconfig or the service account (docs/operations.md lists the client certificate forms that work), or set clusterChecks: off"
     )]
-    ClusterClient(cluster::ClusterAccessError),
+    ClusterClient(watch::ClusterAccessError),
 }
 
 /// Runs `serve` until SIGTERM or SIGINT; exits 2 if it cannot start.
@@ -159,7 +159,7 @@ pub async fn serve(
     };
     let watch = client
         .as_ref()
-        .map(|_| Arc::new(cluster::ClusterWatch::new()));
+        .map(|_| Arc::new(watch::ClusterWatch::new()));
 
     let metrics = Metrics::default();
     metrics.cert_not_after.set(loaded.not_after);
@@ -178,8 +178,8 @@ pub async fn serve(
     });
     if let (Some(client), Some(w)) = (client, watch) {
         tracing::info!(sync_timeout = ?timing.cluster_sync, "cluster checks: watching CSIDrivers and StorageClasses");
-        cluster::watch(client, w.clone(), state.clone());
-        tokio::spawn(cluster::await_sync(w, state.clone(), timing.cluster_sync));
+        watch::watch(client, w.clone(), state.clone());
+        tokio::spawn(watch::await_sync(w, state.clone(), timing.cluster_sync));
     }
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs)?));
 
@@ -271,14 +271,14 @@ async fn cluster_client(
     args: &ServeArgs,
     checks: crate::cluster::Mode,
 ) -> Result<ClientOutcome, ServeError> {
-    match cluster::client(args.kubeconfig.as_deref()).await {
+    match watch::client(args.kubeconfig.as_deref()).await {
         Ok(Some(c)) => Ok(ClientOutcome::Client(c)),
         Ok(None) => {
             tracing::info!("cluster checks off: no --kubeconfig and not running in a cluster");
             Ok(ClientOutcome::NotAskedFor)
         }
         // A --kubeconfig that cannot be read is a bad flag, whatever the checks.
-        Err(e @ cluster::ClusterAccessError::Kubeconfig { .. }) => {
+        Err(e @ watch::ClusterAccessError::Kubeconfig { .. }) => {
             Err(ServeError::Flag(e.to_string()))
         }
         Err(e) if checks == crate::cluster::Mode::Off => {
