@@ -5,8 +5,8 @@
 #   make unit    every Rust test: unit, golden, property, CLI, docs, the server over real TLS
 #   make tools   helm, kubectl, the Python tools, cargo-deny, the control plane (cached by version)
 #   make audit   cargo deny: licenses, bans, sources                (needs: tools)
-#   make chart   golden outputs against the Kubernetes schema, the chart's tests, yamllint,
-#                hadolint and trivy                                 (needs: tools)
+#   make chart   golden outputs against the Kubernetes schema, the chart's values documented
+#                (charts/values-doc.py), its tests, yamllint, hadolint, trivy (needs: tools)
 #   make e2e     the real chart and binary against etcd, kube-apiserver and
 #                kube-controller-manager                           (needs: tools)
 #   make ci      all of the above, in that order
@@ -50,6 +50,7 @@ chart: build
 	  kubernetes-validate --strict --quiet -k "$$v" tests/golden/*/output.json; \
 	  echo "golden outputs valid for Kubernetes $$v"; \
 	done
+	python3 charts/values-doc.py --check
 	python3 -m pytest -q tests/chart
 	yamllint -d '{extends: relaxed, rules: {line-length: {max: 120}}}' \
 	  charts/ephemeral-volume-injector/values.yaml charts/ephemeral-volume-injector/Chart.yaml \
