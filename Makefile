@@ -8,7 +8,8 @@
 #   make chart   golden outputs against the Kubernetes schema, the chart's values documented
 #                (charts/values-doc.py), its tests, yamllint, hadolint, trivy (needs: tools)
 #   make e2e     the real chart and binary against etcd, kube-apiserver and
-#                kube-controller-manager                           (needs: tools)
+#                kube-controller-manager, and on a real node (kubelet, containerd) the image
+#                built from the Dockerfile (needs: tools; root: network namespaces)
 #   make ci      all of the above, in that order
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -21,7 +22,7 @@ CARGO_DENY := $(TOOLS_DIR)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
 # a real server under load, and two side by side on 2 cores starve each other.
 TESTS := $(filter-out server,$(basename $(notdir $(wildcard tests/*.rs))))
 
-.PHONY: ci lint unit build tools audit chart e2e
+.PHONY: ci lint unit build musl tools audit chart e2e
 ci: lint unit tools audit chart e2e
 
 lint:
@@ -38,6 +39,11 @@ unit:
 # The debug binary the chart and end-to-end tests call.
 build:
 	cargo build --locked --bins
+
+# The static (musl) release binary the image is built from (needs: tools).
+musl:
+	CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked \
+	  --target x86_64-unknown-linux-musl --bin ephemeral-volume-injector
 
 tools:
 	bash .ci/install-tools.sh
@@ -61,5 +67,7 @@ chart: build
 	  trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 "$$dir"; \
 	  rc=$$?; rm -rf "$$dir"; exit $$rc
 
-e2e: build
-	python3 -m pytest -q tests/e2e
+# In a network and mount namespace of their own, with a real node (EVI_REQUIRE_NODE: its
+# tests fail rather than skip).
+e2e: build musl
+	EVI_REQUIRE_NODE=1 bash tests/e2e/in-netns.sh python3 -m pytest -q tests/e2e

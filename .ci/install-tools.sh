@@ -40,6 +40,22 @@ fi
 kubectl_version="$("$TOOLS_DIR/bin/kubectl" version --client)"
 echo "${kubectl_version%%$'\n'*}"
 
+# The node of the end-to-end tests (tests/e2e/node.py): containerd, runc, the CNI plugins,
+# Docker (to build the image from the Dockerfile), iptables, a static busybox for the tasks'
+# image and musl-gcc for the static binary; Debian's packages.
+node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static musl-tools)
+missing=()
+for pkg in "${node_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -F "install ok installed" >/dev/null || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing ${missing[*]} (Debian packages)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
+fi
+rustup target add x86_64-unknown-linux-musl >/dev/null
+
 # cargo-deny (the dependency audit), from crates.io, cached by version.
 deny_version="$(awk -F' *:= *' '$1 == "CARGO_DENY_VERSION" { print $2 }' Makefile)"
 if [ ! -x "$TOOLS_DIR/cargo-deny-$deny_version/bin/cargo-deny" ]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the control plane the end-to-end tests run against from the Go module proxy:
-# kube-apiserver and kube-controller-manager from k8s.io/kubernetes (go.mod here), etcd from
+# kube-apiserver, kube-controller-manager, and the node's kubelet and kube-scheduler from
+# k8s.io/kubernetes (go.mod here), the pause container's source (pause.c) from that module, etcd from
 # go.etcd.io/etcd (etcd/go.mod), and an older kube-apiserver (v1.29/go.mod) for the chart's
 # compatibility paths. The binaries are cached under
 # $EVI_TOOLS_DIR/controlplane/<versions>-<go.sum hash>/, so only a fresh machine builds them.
@@ -18,7 +19,8 @@ sum="$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/v1.29/go.sum" "$here/build.
 out="$TOOLS_DIR/controlplane/k8s-$k8s_version-etcd-$etcd_version-$sum"
 
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && [ -x "$out/etcd" ] \
-  && [ -x "$out/kube-apiserver-$old_version" ]; then
+  && [ -x "$out/kube-apiserver-$old_version" ] && [ -x "$out/kubelet" ] && [ -x "$out/kube-scheduler" ] \
+  && [ -f "$out/pause.c" ]; then
   echo "$out"
   exit 0
 fi
@@ -38,9 +40,13 @@ version_ldflags() { # version
   done
   echo "$flags"
 }
-echo "building kube-apiserver and kube-controller-manager $k8s_version (a few minutes on a fresh machine)" >&2
+echo "building kube-apiserver, kube-controller-manager, kubelet and kube-scheduler $k8s_version (a few minutes on a fresh machine)" >&2
 (cd "$here" && go build -ldflags "$(version_ldflags "$k8s_version")" -o "$out.tmp/" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager) >&2
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler) >&2
+# The pause container's source, from the same module (the node's sandbox image is built from it).
+k8s_dir="$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+cp "$k8s_dir/build/pause/linux/pause.c" "$out.tmp/pause.c"
 echo "building kube-apiserver $old_version" >&2
 (cd "$here/v1.29" && go build -ldflags "$(version_ldflags "$old_version")" \
   -o "$out.tmp/kube-apiserver-$old_version" k8s.io/kubernetes/cmd/kube-apiserver) >&2

@@ -24,6 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from controlplane import ROOT, TOOLS_DIR, ControlPlane, free_port, start_process, stop_process  # noqa: E402
+from node import Node, in_test_namespace  # noqa: E402
 
 CHART = ROOT / "charts" / "ephemeral-volume-injector"
 BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
@@ -239,7 +240,7 @@ current-context: c
 
 @pytest.fixture(scope="session")
 def controlplane(tmp_path_factory):
-    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"), node_ip=os.environ.get("EVI_NODE_IP"))
     cp.start()
     print(f"\ncontrol plane up in {cp.startup_seconds:.1f} s ({cp.dir})", file=sys.stderr)
     yield cp
@@ -249,6 +250,23 @@ def controlplane(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster(controlplane) -> Cluster:
     return Cluster(controlplane)
+
+
+@pytest.fixture(scope="session")
+def node(controlplane, tmp_path_factory):
+    """A real node (kubelet, containerd, kube-scheduler) joined to the control plane; only in
+    the test run's own network namespace (make e2e runs the tests through in-netns.sh). With
+    EVI_REQUIRE_NODE=1 (CI) its absence fails instead of skipping."""
+    if not in_test_namespace():
+        message = "no node: run the end-to-end tests through tests/e2e/in-netns.sh (make e2e)"
+        if os.environ.get("EVI_REQUIRE_NODE") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    n = Node(controlplane, tmp_path_factory.mktemp("node"))
+    n.start()
+    print(f"\nnode Ready in {n.startup_seconds:.1f} s ({n.dir})", file=sys.stderr)
+    yield n
+    n.stop()
 
 
 def pod(name: str | None = None, namespace: str = "default", annotations: dict | None = None,

@@ -110,7 +110,7 @@ class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager on loopback, and a kubeconfig."""
 
     def __init__(self, workdir: Path | None = None, bindir: Path | None = None,
-                 apiserver: str = "kube-apiserver", controllers: bool = True):
+                 apiserver: str = "kube-apiserver", controllers: bool = True, node_ip: str | None = None):
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="evi-controlplane-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bin = bindir or binaries_dir()
@@ -118,6 +118,10 @@ class ControlPlane:
         # to run kube-controller-manager beside it.
         self.apiserver = apiserver
         self.controllers = controllers
+        # With a node (tests/e2e/node.py, inside the test's network namespace): the API server
+        # also listens on the node's address, for pods, and calls webhooks on their Service's
+        # endpoints (there is no kube-proxy).
+        self.node_ip = node_ip
         self.procs: dict[str, subprocess.Popen] = {}
         self.kubeconfig = self.dir / "kubeconfig"
         self.api_port = free_port()
@@ -171,10 +175,15 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         p = self.pki
+        if self.node_ip:
+            where = ["--bind-address", "0.0.0.0", "--advertise-address", self.node_ip,
+                     "--enable-aggregator-routing=true"]
+        else:
+            where = ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"]
         self.procs["kube-apiserver"] = start_process([
             str(self.bin / self.apiserver),
             "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            *where,
             "--secure-port", str(self.api_port),
             "--tls-cert-file", str(p.server_crt), "--tls-private-key-file", str(p.server_key),
             "--client-ca-file", str(p.ca_crt),
@@ -184,7 +193,7 @@ class ControlPlane:
             "--service-cluster-ip-range", "10.0.0.0/24",
             # No kubelet, no kube-proxy: the kubernetes Service needs no endpoints (as in envtest).
             "--endpoint-reconciler-type", "none",
-            "--authorization-mode", "RBAC",
+            "--authorization-mode", "Node,RBAC",
             # The default admission plugins are on; MutatingAdmissionWebhook is one of them.
             "--enable-admission-plugins", "MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
             "--disable-admission-plugins", "",

@@ -1,0 +1,419 @@
+"""A real node joined to the end-to-end control plane: containerd 1.6, runc and the CNI plugins
+(Debian's packages), kubelet and kube-scheduler (built with the control plane), and the images
+its pods run, built here since nothing can be pulled.
+
+It runs only inside the network and mount namespaces of tests/e2e/in-netns.sh (`EVI_NETNS`):
+the node's address is on that namespace's bridge link, and pods get addresses on a CNI bridge
+inside it. What the kubelet changes outside those namespaces is recorded first and put back on
+stop, on success and on failure: the kernel sysctls it sets (`vm.overcommit_memory`,
+`kernel.panic`, `kernel.panic_on_oops`), the cgroups it makes (all under one cgroup root of
+this run), and every process it or containerd started (containers' shims included).
+`Node.stop` checks each and raises if anything is left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from controlplane import ControlPlane, free_port, start_process, stop_process
+
+NODE_NAME = "evi-node"
+# The other end-to-end tests leave pods behind that were never meant to run (images that cannot
+# be pulled here, in namespaces nobody cleans): the node takes only pods that tolerate this.
+TAINT = {"key": "evi.test/node", "operator": "Exists", "effect": "NoSchedule"}
+POD_SUBNET = "10.214.0.0/24"
+# The kubernetes Service's address (the first of --service-cluster-ip-range): with no
+# kube-proxy, one DNAT rule in the test's network namespace plays its part for pods.
+KUBERNETES_SERVICE = "10.0.0.1"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
+BUSYBOX_IMAGE = "evi.test/busybox:1"
+SYSCTLS = ["vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"]
+CGROUP_FS = Path("/sys/fs/cgroup")
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def in_test_namespace() -> bool:
+    return bool(os.environ.get("EVI_NETNS")) and bool(os.environ.get("EVI_NODE_IP"))
+
+
+def run(*cmd: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), check=True, capture_output=True, text=True, **kw)
+
+
+# === images, without a registry or a Docker engine ===
+
+def docker_archive(path: Path, tag: str, files: dict[str, tuple[bytes | str, int]], config: dict) -> Path:
+    """Writes an image as `docker save` does (one layer): `files` maps a path in the image to
+    its bytes and mode, or to a symlink target (a str) and 0."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        dirs = sorted({str(Path(p).parent) for p in files} - {"."})
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            t.addfile(info)
+        for name, (content, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            if isinstance(content, str):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, content, 0o777
+                t.addfile(info)
+            else:
+                info.size, info.mode = len(content), mode
+                t.addfile(info, io.BytesIO(content))
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    image_config = json.dumps({
+        "architecture": "amd64", "os": "linux", "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }).encode()
+    config_name = hashlib.sha256(image_config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": ["layer.tar"]}]).encode()
+    with tarfile.open(path, "w") as out:
+        for name, data in (("layer.tar", layer_bytes), (config_name, image_config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    return path
+
+
+def pause_image(workdir: Path, bindir: Path) -> Path:
+    """Kubernetes' own pause container (build/pause/linux/pause.c of the module the control
+    plane is built from), compiled static."""
+    binary = workdir / "pause"
+    run("gcc", "-Os", "-static", "-DVERSION=v3.10.2-evi", "-o", str(binary), str(bindir / "pause.c"))
+    return docker_archive(workdir / "pause.tar", PAUSE_IMAGE, {"pause": (binary.read_bytes(), 0o755)},
+                          {"Entrypoint": ["/pause"], "User": "65535:65535"})
+
+
+def busybox_image(workdir: Path) -> Path:
+    """The tasks' image: Debian's static busybox, every applet linked in /bin, and a /tmp."""
+    busybox = Path(shutil.which("busybox") or "/usr/bin/busybox")
+    applets = run(str(busybox), "--list").stdout.split()
+    files: dict[str, tuple[bytes | str, int]] = {"bin/busybox": (busybox.read_bytes(), 0o755)}
+    for a in applets:
+        if a != "busybox":
+            files[f"bin/{a}"] = ("busybox", 0)
+    files["tmp/.keep"] = (b"", 0o644)
+    return docker_archive(workdir / "busybox.tar", BUSYBOX_IMAGE, files,
+                          {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]})
+
+
+WEBHOOK_IMAGE = "evi.test/ephemeral-volume-injector:e2e"
+
+
+class Docker:
+    """Docker 20.10 (Debian's docker.io), started for one build and stopped after it: the
+    webhook's image is built from the repository's Dockerfile by the engine users have."""
+
+    def __init__(self, workdir: Path):
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sock = self.dir / "docker.sock"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Docker":
+        self.proc = start_process([
+            "dockerd", "--data-root", str(self.dir / "root"), "--exec-root", str(self.dir / "exec"),
+            "--pidfile", str(self.dir / "docker.pid"), "--host", f"unix://{self.sock}",
+            # No network of its own and no iptables rules: it only builds.
+            "--bridge=none", "--iptables=false", "--ip-masq=false",
+        ], self.dir / "dockerd.log", env=dict(os.environ, PATH=PATH))
+        deadline = time.monotonic() + 60
+        while self.docker("version", check=False).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dockerd did not start:\n{(self.dir / 'dockerd.log').read_text()[-3000:]}")
+            time.sleep(0.3)
+        return self
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        env = dict(os.environ, DOCKER_HOST=f"unix://{self.sock}", DOCKER_BUILDKIT="1", PATH=PATH)
+        return subprocess.run(["/usr/bin/docker", *args], capture_output=True, text=True, env=env, check=check)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc:
+            stop_process(self.proc, timeout=20)
+            self.proc = None
+
+
+def webhook_image(workdir: Path, binary: Path, dockerfile: Path) -> tuple[Path, int]:
+    """The Dockerfile's runtime stage from the musl binary (`make musl`), on `scratch`: the
+    build stage's base images cannot be pulled here. Returns the archive and the image's size."""
+    context = workdir / "context"
+    context.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary, context / "ephemeral-volume-injector")
+    with Docker(workdir / "docker") as d:
+        d.docker("build", "--build-arg", "BINARY_FROM=prebuilt", "--build-arg", "RUNTIME_BASE=scratch",
+                 "-f", str(dockerfile), "-t", WEBHOOK_IMAGE, str(context))
+        size = int(d.docker("image", "inspect", "-f", "{{.Size}}", WEBHOOK_IMAGE).stdout.strip())
+        archive = workdir / "webhook.tar"
+        d.docker("save", "-o", str(archive), WEBHOOK_IMAGE)
+    return archive, size
+
+
+# === the node ===
+
+class Node:
+    def __init__(self, cp: ControlPlane, workdir: Path):
+        self.cp = cp
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ip = os.environ.get("EVI_NODE_IP", "")
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.sock = self.dir / "containerd" / "containerd.sock"
+        self.cgroup_root = f"evi-e2e-{os.getpid()}"
+        self.sysctls: dict[str, str] = {}
+        self.nat_rule: list[str] | None = None
+
+    # --- start ---
+
+    def start(self, timeout: float = 120) -> "Node":
+        if not in_test_namespace():
+            raise RuntimeError("the node runs only inside tests/e2e/in-netns.sh (EVI_NETNS unset)")
+        started = time.monotonic()
+        self.sysctls = {k: Path("/proc/sys", k).read_text().strip() for k in SYSCTLS}
+        try:
+            self._make_cgroup_root()
+            self._start_containerd()
+            for image in (pause_image(self.dir, self.cp.bin), busybox_image(self.dir)):
+                self.import_image(image)
+            self._route_kubernetes_service()
+            self._start_kubelet()
+            self._start_scheduler()
+            self._wait_ready(started + timeout)
+        except BaseException:
+            self.stop(check=False)
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def ctr(self, *args: str) -> subprocess.CompletedProcess:
+        return run("ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args)
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", "--no-unpack=false", str(archive))
+
+    def _make_cgroup_root(self) -> None:
+        """One cgroup per hierarchy for everything the kubelet runs (its `cgroupRoot`), so that
+        stop can remove exactly what this run made."""
+        for hierarchy in CGROUP_FS.iterdir():
+            d = hierarchy / self.cgroup_root
+            if not (hierarchy / "cgroup.procs").exists():
+                continue
+            d.mkdir(exist_ok=True)
+            if hierarchy.name == "cpuset":
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    (d / f).write_text((hierarchy / f).read_text())
+
+    def _start_containerd(self) -> None:
+        d = self.dir / "containerd"
+        (d / "net.d").mkdir(parents=True, exist_ok=True)
+        (d / "net.d" / "10-evi.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "evi", "plugins": [{
+                "type": "bridge", "bridge": "evi-cni0", "isGateway": True, "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                         "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(d / "ipam")},
+            }]}))
+        (d / "config.toml").write_text(f"""version = 2
+root = "{d / 'root'}"
+state = "{d / 'state'}"
+[grpc]
+  address = "{self.sock}"
+[ttrpc]
+  address = "{self.sock}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # This machine lacks CAP_SYS_RESOURCE: without it runc fails every sandbox ("can't get
+  # final child's PID from pipe") raising oom_score_adj.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{d / 'net.d'}"
+""")
+        env = dict(os.environ, PATH=PATH)
+        self.procs["containerd"] = start_process(["containerd", "--config", str(d / "config.toml")],
+                                                 self.dir / "containerd.log", env=env)
+        deadline = time.monotonic() + 30
+        while not self.sock.exists():
+            if self.procs["containerd"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"containerd did not start:\n{self.log('containerd')[-3000:]}")
+            time.sleep(0.1)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["ctr", "--address", str(self.sock), "version"], capture_output=True).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"containerd does not answer:\n{self.log('containerd')[-3000:]}")
+            time.sleep(0.2)
+
+    def _route_kubernetes_service(self) -> None:
+        port = self.cp.url.rsplit(":", 1)[1]
+        self.nat_rule = ["PREROUTING", "-d", KUBERNETES_SERVICE, "-p", "tcp", "--dport", "443",
+                         "-j", "DNAT", "--to-destination", f"{self.ip}:{port}"]
+        run("iptables", "-t", "nat", "-A", *self.nat_rule)
+
+    def _start_kubelet(self) -> None:
+        d = self.dir / "kubelet"
+        d.mkdir(exist_ok=True)
+        (d / "resolv.conf").write_text("")
+        self.kubelet_port = free_port()
+        (d / "config.yaml").write_text(json.dumps({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": self.ip, "port": self.kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            # This machine has cgroup v1 (kubelet 1.35+ refuses it unless told).
+            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup_root}",
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.sock}",
+            "podLogsDir": str(d / "pod-logs"), "resolvConf": str(d / "resolv.conf"),
+            # A shared test machine's disk is never "under pressure" for these tests, but a task
+            # past its own emptyDir sizeLimit is evicted (local storage isolation is on).
+            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "localStorageCapacityIsolation": True,
+            "serializeImagePulls": False, "maxPods": 60,
+            # The kubelet refreshes Secret and ConfigMap volumes on each pod sync.
+            "syncFrequency": "10s",
+        }))
+        self.procs["kubelet"] = start_process([
+            str(self.cp.bin / "kubelet"), "--config", str(d / "config.yaml"),
+            "--kubeconfig", str(self.cp.kubeconfig), "--root-dir", str(d / "root"),
+            "--cert-dir", str(d / "pki"), "--node-ip", self.ip, "--hostname-override", NODE_NAME,
+            "--register-with-taints", f"{TAINT['key']}=true:{TAINT['effect']}",
+            "--v", "2",
+        ], self.dir / "kubelet.log", env=dict(os.environ, PATH=PATH))
+
+    def _start_scheduler(self) -> None:
+        kc = str(self.cp.kubeconfig)
+        self.procs["kube-scheduler"] = start_process([
+            str(self.cp.bin / "kube-scheduler"), "--kubeconfig", kc,
+            "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
+            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--leader-elect=false",
+        ], self.dir / "kube-scheduler.log")
+
+    def _wait_ready(self, deadline: float) -> None:
+        last = ""
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-4000:]}")
+            out = subprocess.run(["kubectl", "--kubeconfig", str(self.cp.kubeconfig), "get", "node", NODE_NAME,
+                                  "-o", "json"], capture_output=True, text=True)
+            if out.returncode == 0:
+                conditions = {c["type"]: c for c in json.loads(out.stdout)["status"].get("conditions", [])}
+                ready = conditions.get("Ready", {})
+                if ready.get("status") == "True":
+                    return
+                last = ready.get("message", "")
+            time.sleep(0.5)
+        raise TimeoutError(f"node not Ready: {last}\n{self.log('kubelet')[-4000:]}")
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # --- stop, and put the host back ---
+
+    def _our_processes(self) -> list[int]:
+        """containerd's shims and every process in this run's cgroups."""
+        pids: set[int] = set()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # dead, waiting for its parent to reap it
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+                cgroups = (proc / "cgroup").read_text()
+            except (OSError, IndexError):
+                continue
+            if str(self.sock).encode() in cmdline and b"containerd-shim" in cmdline:
+                pids.add(int(proc.name))
+            elif f"/{self.cgroup_root}/" in cgroups or cgroups.rstrip().endswith(f"/{self.cgroup_root}"):
+                pids.add(int(proc.name))
+        pids.discard(os.getpid())
+        return sorted(pids)
+
+    def _mounts(self) -> list[str]:
+        prefix = str(self.dir.resolve())
+        out = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                out.append(point)
+        return out
+
+    def stop(self, check: bool = True) -> list[str]:
+        """Stops everything and puts the host back; returns (and with `check`, raises on) what
+        could not be."""
+        for name in ("kube-scheduler", "kubelet"):
+            if name in self.procs:
+                stop_process(self.procs.pop(name))
+        deadline = time.monotonic() + 20
+        while (pids := self._our_processes()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+        if "containerd" in self.procs:
+            stop_process(self.procs.pop("containerd"))
+        if self.nat_rule:
+            subprocess.run(["iptables", "-t", "nat", "-D", *self.nat_rule], capture_output=True)
+            self.nat_rule = None
+        for point in sorted(self._mounts(), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        problems: list[str] = []
+        for hierarchy in CGROUP_FS.iterdir() if CGROUP_FS.exists() else []:
+            root = hierarchy / self.cgroup_root
+            if root.is_dir():
+                for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                    try:
+                        d.rmdir()
+                    except OSError:
+                        pass
+                try:
+                    root.rmdir()
+                except OSError as e:
+                    problems.append(f"cgroup {root} not removed: {e}")
+        for key, value in self.sysctls.items():
+            path = Path("/proc/sys", key)
+            if path.read_text().strip() != value:
+                path.write_text(value)
+        for key, value in self.sysctls.items():
+            now = Path("/proc/sys", key).read_text().strip()
+            if now != value:
+                problems.append(f"sysctl {key} is {now}, was {value}")
+        left = self._our_processes()
+        if left:
+            names = []
+            for pid in left:
+                try:
+                    names.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:80]!r}")
+                except OSError:
+                    names.append(str(pid))
+            problems.append(f"processes left: {names}")
+        mounts = self._mounts()
+        if mounts:
+            problems.append(f"mounts left: {mounts[:5]}")
+        if check and problems:
+            raise RuntimeError("the node did not put the host back: " + "; ".join(problems))
+        return problems
