@@ -1,12 +1,14 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager;
+with `--node` (or the tests' `node` fixture), a real node beside it (tests/e2e/node.py).
 
-No kubelet and no scheduler: pods are created, mutated, validated and stored, never run. The
-way controller-runtime's envtest and Kubernetes' own integration tests judge webhooks.
+Without the node, pods are created, mutated, validated and stored, never run: the way
+controller-runtime's envtest and Kubernetes' own integration tests judge webhooks.
 
 By hand (the binaries come from tests/controlplane/build.sh):
 
     python3 tests/e2e/controlplane.py up            # start, print KUBECONFIG, stop on Ctrl-C
     python3 tests/e2e/controlplane.py run -- CMD    # start, run CMD with KUBECONFIG set, stop
+    bash tests/e2e/in-netns.sh python3 tests/e2e/controlplane.py run --node -- CMD   # with a node
 
 Every process is started in its own process group, dies with this one (PR_SET_PDEATHSIG) and is
 stopped on exit, on success or failure.
@@ -267,14 +269,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["up", "run"])
     ap.add_argument("--dir", type=Path, help="work directory (default: a new temporary one)")
+    ap.add_argument("--node", action="store_true",
+                    help="also a node (kubelet, containerd, kube-scheduler); only inside tests/e2e/in-netns.sh")
     ap.add_argument("argv", nargs="*", help="with run: the command to run")
     args = ap.parse_args()
-    cp = ControlPlane(args.dir)
-    stop = lambda *_: (cp.stop(), sys.exit(130))  # noqa: E731
+    cp = ControlPlane(args.dir, node_ip=os.environ.get("EVI_NODE_IP"))
+    node = None
+
+    def stop_all() -> None:
+        if node:
+            node.stop(check=False)
+        cp.stop()
+
+    stop = lambda *_: (stop_all(), sys.exit(130))  # noqa: E731
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     cp.start()
     print(f"control plane up in {cp.startup_seconds:.1f} s; logs in {cp.dir}", file=sys.stderr)
+    if args.node:
+        from node import Node
+        node = Node(cp, cp.dir / "node")
+        try:
+            node.start()
+        except BaseException:
+            node = None
+            cp.stop()
+            raise
+        print(f"node Ready in {node.startup_seconds:.1f} s; logs in {node.dir}", file=sys.stderr)
     try:
         if args.command == "run":
             env = dict(os.environ, KUBECONFIG=str(cp.kubeconfig))
@@ -284,7 +305,7 @@ def main() -> int:
         signal.pause()
         return 0
     finally:
-        cp.stop()
+        stop_all()
 
 
 if __name__ == "__main__":
