@@ -44,7 +44,7 @@ def chart(cluster, node, image, tmp_path_factory):
         "tolerations": [TAINT],
     }))
     cluster.helm("install", RELEASE, CHART, "-n", RELEASE_NS, "--create-namespace", "-f", values,
-                 "--wait", "--timeout", "180s")
+                 "--wait", "--timeout", "110s")
     cluster.namespace(NS)
     yield
     cluster.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
@@ -133,7 +133,7 @@ def finished_pod(cluster, job: str, timeout: float = 120) -> dict:
 def termination_report(pod: dict, container: str) -> dict:
     statuses = pod["status"].get("containerStatuses", []) + pod["status"].get("initContainerStatuses", [])
     (status,) = [s for s in statuses if s["name"] == container]
-    message = status["state"]["terminated"].get("message", "")
+    message = status["state"].get("terminated", {}).get("message", "")
     return dict(line.split("=", 1) for line in message.splitlines() if "=" in line)
 
 
@@ -148,6 +148,11 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
         # An init container that asked: it sees the scratch disk, and prepares the subPath.
         {"name": "stage", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
          "command": ["/bin/sh", "-c", "echo staged > /scratch/staged && echo here > /sub/marker"]},
+        # A native sidecar (restartPolicy: Always) that asked: it sees the mount too; the kubelet
+        # stops it when the task ends and keeps what it wrote.
+        {"name": "watcher", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never", "restartPolicy": "Always",
+         "command": ["/bin/sh", "-c", "echo \"sees=$(grep -c ' /scratch ' /proc/mounts)\" > /dev/termination-log;"
+                     " exec sleep 3600"]},
     ]
     job = nextflow_job("nf-task-volumes", annotations,
                        TASK_SCRIPT + 'check staged "$(cat /scratch/staged)"\n', init=init)
@@ -164,6 +169,9 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
     assert report["shm_fs"] == "tmpfs" and report["shm_kib"] == "65536", report
     assert report["ro_write"] == "refused", report
     assert report["sub"] == "here", report
+    sidecar = wait_for("the sidecar's report", lambda: termination_report(
+        cluster.get("pod", pod["metadata"]["name"], "-n", NS), "watcher") or None, timeout=60, interval=1)
+    assert sidecar == {"sees": "1"}, sidecar
 
 
 def test_a_task_past_its_disk_limit_is_evicted_with_a_message_the_user_can_read(cluster, chart):
@@ -176,3 +184,98 @@ def test_a_task_past_its_disk_limit_is_evicted_with_a_message_the_user_can_read(
     message = pod["status"]["message"]
     print(f"\neviction message: {message}")
     assert 'Usage of EmptyDir volume "scratch" exceeds the limit "8Mi"' in message, message
+
+
+def asking_pod(annotation: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "ops-", "namespace": NS,
+            "annotations": {f"{P}/scratch": annotation}},
+            "spec": {"containers": [{"name": "main", "image": BUSYBOX_IMAGE}], "tolerations": [TAINT]}}
+
+
+def webhook_pods(cluster) -> list[dict]:
+    return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/instance={RELEASE}")
+
+
+class SteadyCreator:
+    """Creates pods that ask for a volume through the API server (server-side dry run) at a
+    steady rate in a thread, and counts the refused."""
+
+    def __init__(self, cluster, interval: float = 0.25):
+        import threading
+        self.cluster, self.interval = cluster, interval
+        self.sent = self.refused = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        pod = json.dumps(asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi"))
+        while not self._stop.is_set():
+            out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=pod, check=False)
+            self.sent += 1
+            if out.returncode != 0:
+                self.refused += 1
+                self.errors.append(out.stderr.strip()[:300])
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_a_configuration_change_reaches_the_running_pods_through_the_kubelet(cluster, chart, tmp_path):
+    """helm upgrade changes the ConfigMap; the kubelet updates the mounted file; the webhook
+    reloads it. No pod restarts, and the lag is measured."""
+    before = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in webhook_pods(cluster)}
+    cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values",
+                 "--set-json", 'config.profiles.fast={"mountPath":"/fast","emptyDir":{"sizeLimit":"1Gi"}}')
+    start = time.monotonic()
+    # Each replica must have the new profile: a pod naming it is admitted (several calls, so
+    # that both replicas are reached through the Service).
+    def admitted_everywhere():
+        results = [cluster.create(asking_pod("fast"), "--dry-run=server", check=False).returncode for _ in range(6)]
+        return all(r == 0 for r in results)
+    wait_for("the new profile in every replica", admitted_everywhere, timeout=150, interval=1)
+    lag = time.monotonic() - start
+    print(f"\nconfiguration change in force after {lag:.1f} s (kubelet syncFrequency 10 s)")
+    after = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in webhook_pods(cluster)}
+    assert after == before, f"pods restarted or were replaced: {before} → {after}"
+
+
+def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
+    """A new image tag rolls the Deployment (maxUnavailable 0) and a webhook pod is deleted,
+    while pods that ask are created at a steady rate through the API server: none is refused."""
+    node.ctr("images", "tag", WEBHOOK_IMAGE, WEBHOOK_IMAGE.replace(":e2e", ":e2e-2"))
+    with SteadyCreator(cluster) as load:
+        time.sleep(2)
+        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "image.tag=e2e-2",
+                     "--wait", "--timeout", "110s")
+        victim = webhook_pods(cluster)[0]["metadata"]["name"]
+        cluster.kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--wait=true")
+        wait_for("two ready replicas again", lambda: sum(
+            1 for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
+            and all(c["ready"] for c in p["status"].get("containerStatuses", []))) == 2, timeout=120, interval=1)
+        time.sleep(2)
+    print(f"\nrolling update + deleted pod: {load.sent} pods sent, {load.refused} refused")
+    assert load.sent > 20, load.sent
+    assert load.refused == 0, load.errors[:3]
+    images = {p["spec"]["containers"][0]["image"] for p in webhook_pods(cluster)}
+    assert images == {WEBHOOK_IMAGE.replace(":e2e", ":e2e-2")}, images
+
+
+def test_scaled_to_zero_only_pods_that_ask_are_refused(cluster, chart):
+    cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=0")
+    try:
+        wait_for("no webhook pod", lambda: not webhook_pods(cluster), timeout=90, interval=1)
+        refused = cluster.create(asking_pod("type=emptyDir,mountPath=/scratch"), "--dry-run=server", check=False)
+        assert refused.returncode != 0 and f"volumes.{P}" in refused.stderr, refused.stderr
+        nothing = asking_pod("x")
+        nothing["metadata"]["annotations"] = {"example.com/other": "x"}
+        cluster.create(nothing, "--dry-run=server")
+    finally:
+        cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
+        cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
