@@ -13,7 +13,7 @@
 #   make ci      all of the above, in that order
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
-TOOLS_DIR ?= $(HOME)/.cache/evi-tools
+TOOLS_DIR ?= $(or $(EVI_TOOLS_DIR),$(HOME)/.cache/evi-tools)
 export PATH := $(TOOLS_DIR)/bin:$(PATH)
 export CARGO_TERM_COLOR ?= never
 CARGO_DENY_VERSION := 0.20.2
