@@ -279,3 +279,64 @@ def test_scaled_to_zero_only_pods_that_ask_are_refused(cluster, chart):
     finally:
         cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
         cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
+
+
+def served_certificate(ip: str, port: int = 8443) -> bytes:
+    """The certificate a webhook pod serves (DER), read over TLS without verifying it."""
+    import socket
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((ip, port), timeout=5) as sock, ctx.wrap_socket(sock) as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def test_a_certificate_rotated_in_the_secret_is_served_after_the_kubelets_update(cluster, chart, tmp_path):
+    """A new CA and serving certificate: the webhook configurations first trust both CAs, then
+    the Secret is replaced; the kubelet updates the volume, the webhook reloads it, and pods
+    created at a steady rate meanwhile are never refused."""
+    import base64
+    import ssl
+    from controlplane import openssl
+    svc = f"{FULL}.{RELEASE_NS}.svc"
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=evi-rotated-ca",
+            "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.crt"))
+    (tmp_path / "leaf.ext").write_text(f"subjectAltName=DNS:{svc},DNS:{svc}.cluster.local\n"
+                                       "extendedKeyUsage=serverAuth\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={svc}", "-keyout", str(tmp_path / "tls.key"),
+            "-out", str(tmp_path / "tls.csr"))
+    openssl("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(tmp_path / "ca.crt"),
+            "-CAkey", str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "2",
+            "-extfile", str(tmp_path / "leaf.ext"), "-out", str(tmp_path / "tls.crt"))
+    new_der = ssl.PEM_cert_to_DER_cert((tmp_path / "tls.crt").read_text())
+    secret = cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)
+    old_ca = base64.b64decode(secret["data"]["ca.crt"])
+    bundle = base64.b64encode(old_ca + (tmp_path / "ca.crt").read_bytes()).decode()
+    with SteadyCreator(cluster) as load:
+        # 1. The API server trusts both CAs.
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            hooks = cluster.get(kind, FULL)["webhooks"]
+            patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+                     for i in range(len(hooks))]
+            cluster.kubectl("patch", kind, FULL, "--type=json", "-p", json.dumps(patch))
+        time.sleep(3)
+        # 2. The Secret changes; the kubelet updates every pod's volume.
+        start = time.monotonic()
+        secret["data"] = {k: base64.b64encode((tmp_path / k).read_bytes()).decode()
+                          for k in ("tls.crt", "tls.key", "ca.crt")}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+        ips = [p["status"]["podIP"] for p in webhook_pods(cluster)]
+        wait_for("every replica serving the new certificate",
+                 lambda: all(served_certificate(ip) == new_der for ip in ips), timeout=150, interval=1)
+        lag = time.monotonic() - start
+        time.sleep(2)
+    print(f"\nrotated certificate served by {len(ips)} replicas after {lag:.1f} s; "
+          f"{load.sent} pods sent meanwhile, {load.refused} refused")
+    assert load.sent > 10 and load.refused == 0, load.errors[:3]
+    # Found here: helm 4 applies server-side, so the next upgrade conflicts on the caBundle this
+    # rotation patched (another field manager) until told to take it back.
+    upgrade = cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", check=False)
+    assert upgrade.returncode != 0 and "caBundle" in upgrade.stderr, upgrade.stderr
+    cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--force-conflicts")
+    mwc = cluster.get("mutatingwebhookconfiguration", FULL)
+    assert base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"]) == (tmp_path / "ca.crt").read_bytes()
