@@ -178,8 +178,12 @@ class ControlPlane:
     def _start_apiserver(self) -> None:
         p = self.pki
         if self.node_ip:
+            # kubectl logs and exec: the API server reaches the kubelet at the node's address
+            # (the test kubelet takes any client: anonymous, AlwaysAllow).
             where = ["--bind-address", "0.0.0.0", "--advertise-address", self.node_ip,
-                     "--enable-aggregator-routing=true"]
+                     "--enable-aggregator-routing=true",
+                     "--kubelet-client-certificate", str(p.admin_crt), "--kubelet-client-key", str(p.admin_key),
+                     "--kubelet-preferred-address-types", "InternalIP"]
         else:
             where = ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"]
         self.procs["kube-apiserver"] = start_process([

@@ -170,6 +170,16 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
     assert report["shm_fs"] == "tmpfs" and report["shm_kib"] == "65536", report
     assert report["ro_write"] == "refused", report
     assert report["sub"] == "here", report
+    # The decision, in the log of the webhook's own pods (kubectl logs, through the kubelet),
+    # names the task's Job.
+    def decision():
+        logs = cluster.kubectl("logs", "-n", RELEASE_NS, "-l", f"app.kubernetes.io/instance={RELEASE}",
+                               "--tail=-1", "--prefix=false").stdout
+        lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+        return next((e for e in lines if e.get("message") == "mutated"
+                     and e.get("owner") == "Job/nf-task-volumes"), None)
+    line = wait_for("the pod's decision in the webhook's log", decision, timeout=30, interval=1)
+    assert line["pod"] == "nf-task-volumes-*" and line["volumes"] == "ro,scratch,shm,sub", line
     sidecar = wait_for("the sidecar's report", lambda: termination_report(
         cluster.get("pod", pod["metadata"]["name"], "-n", NS), "watcher") or None, timeout=60, interval=1)
     assert sidecar == {"sees": "1"}, sidecar
