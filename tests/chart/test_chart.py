@@ -185,6 +185,11 @@ def test_the_workload_webhook_is_scoped_like_the_pod_webhook():
     assert {w["clientConfig"]["url"] for w in workload_webhooks(docs).values()} == {"https://10.0.0.1:8443/validate"}
     docs = render("--set", "webhook.url=https://10.0.0.1:8443/mutate", "--set", "webhook.workloads.url=https://h/v")
     assert {w["clientConfig"]["url"] for w in workload_webhooks(docs).values()} == {"https://h/v"}
+    # A URL whose path cannot be turned into the workload webhook's is refused, not guessed:
+    # the pod webhook's path would admit every workload without deciding.
+    failed = render("--set", "webhook.url=https://10.0.0.1:8443/hook", check=False)
+    assert failed.returncode != 0 and "webhook.workloads.url" in failed.stderr, failed.stderr
+    assert render("--set", "webhook.url=https://10.0.0.1:8443/hook", "--set", "webhook.workloads.enabled=false")
 
 
 def test_the_workload_webhook_needs_match_conditions_and_can_be_turned_off():

@@ -109,8 +109,10 @@ webhook.url with its path /mutate made /validate.
 {{- define "evi.validateUrl" -}}
 {{- if .Values.webhook.workloads.url -}}
 {{- .Values.webhook.workloads.url -}}
-{{- else -}}
+{{- else if hasSuffix "/mutate" .Values.webhook.url -}}
 {{- regexReplaceAll "/mutate$" .Values.webhook.url "/validate" -}}
+{{- else -}}
+{{- fail (printf "webhook.url %q does not end in /mutate: set webhook.workloads.url to the workload webhook's URL (path /validate), or webhook.workloads.enabled=false" .Values.webhook.url) -}}
 {{- end -}}
 {{- end -}}
 
