@@ -36,7 +36,7 @@ PY
   rm -rf "$tmp"
 fi
 "$TOOLS_DIR/bin/helm" version --short
-# No `| head` here: under pipefail, head closing the pipe kills the writer with SIGPIPE (exit 141).
+# Read whole, then cut: a reader that stops early would kill kubectl with SIGPIPE under pipefail.
 kubectl_version="$("$TOOLS_DIR/bin/kubectl" version --client)"
 echo "${kubectl_version%%$'\n'*}"
 

@@ -185,13 +185,21 @@ fn owner_kind(h: &review::Handled<'_>) -> &'static str {
     }
 }
 
-/// The pod's controller as `Kind/name` for the decision log (empty for a bare pod).
-fn owner(h: &review::Handled<'_>) -> String {
-    h.subject
-        .owner
-        .as_ref()
-        .map(|(kind, name)| format!("{kind}/{name}"))
-        .unwrap_or_default()
+/// The pod's controller as `Kind/name` for the decision log (empty for a bare pod), written
+/// straight into the log line.
+struct Owner<'h>(&'h review::Handled<'h>);
+
+impl std::fmt::Display for Owner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0.subject.owner {
+            Some((kind, name)) => write!(f, "{kind}/{name}"),
+            None => Ok(()),
+        }
+    }
+}
+
+fn owner<'h>(h: &'h review::Handled<'h>) -> Owner<'h> {
+    Owner(h)
 }
 
 /// A workload review in the metrics and the decision log.
@@ -284,8 +292,13 @@ mod tests {
     use super::*;
     use crate::server::test_state as state;
 
-    async fn post(state: &Arc<AppState>, body: &serde_json::Value) -> serde_json::Value {
-        let request = axum::http::Request::post("/mutate")
+    /// Posts a review to `path`; the answer must be a 200 with a JSON body.
+    async fn post_to(
+        state: &Arc<AppState>,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> serde_json::Value {
+        let request = axum::http::Request::post(path)
             .header("content-type", "application/json")
             .body(axum::body::Body::from(serde_json::to_vec(body).unwrap()))
             .unwrap();
@@ -295,6 +308,10 @@ mod tests {
             .await
             .unwrap();
         serde_json::from_slice(&bytes).unwrap()
+    }
+
+    async fn post(state: &Arc<AppState>, body: &serde_json::Value) -> serde_json::Value {
+        post_to(state, "/mutate", body).await
     }
 
     fn review(annotations: serde_json::Value) -> serde_json::Value {
@@ -350,23 +367,6 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("admitted-on-error\"} "), "{text}");
-    }
-
-    async fn post_to(
-        state: &Arc<AppState>,
-        path: &str,
-        body: &serde_json::Value,
-    ) -> serde_json::Value {
-        let request = axum::http::Request::post(path)
-            .header("content-type", "application/json")
-            .body(axum::body::Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap();
-        let response = router(state.clone()).oneshot(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        serde_json::from_slice(&bytes).unwrap()
     }
 
     #[tokio::test]

@@ -102,6 +102,20 @@ LABELS = [None, {}, {"k": "v"}, {"k": "w"}, {"k": "x"}, {"k2": "v2"}, {"k": "v",
 NAMESPACES = ["a", "b", "c"]
 
 
+def webhook_config_for(shape: dict, release: str, prefix: str, kind: str, tmp_path) -> tuple[dict, dict]:
+    """A configuration with one rule of this shape (its own prefix and webhook names, apart
+    from any other release's), and the chart's webhook configuration of `kind` rendered for it,
+    pointing at a closed port."""
+    config = {"annotationPrefix": prefix, "rules": [{"name": "r", **shape,
+                                                     "volumes": {"v": "type=emptyDir,mountPath=/v,size=1Gi"}}]}
+    values = tmp_path / f"values-{release}.yaml"
+    values.write_text(yaml.safe_dump({"config": config, "webhook": {"url": "https://127.0.0.1:1/mutate"}}))
+    rendered = subprocess.run([HELM, "template", release, str(CHART), "-n", RELEASE_NS, "-f", str(values),
+                               "--kube-version", "1.37.0", "--show-only", "templates/webhook.yaml"],
+                              capture_output=True, text=True, check=True).stdout
+    return config, next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == kind)
+
+
 def webhook_matches(config: dict, namespace: str, labels: dict | None, tmp_path) -> bool:
     """The webhook's own rule matching, through `mutate` with the same configuration."""
     cfg = tmp_path / "config.yaml"
@@ -118,17 +132,9 @@ def test_chart_match_conditions_agree_with_the_webhook_on_every_rule_shape(clust
         cluster.namespace(ns)
     disagreements = []
     for i, shape in enumerate(RULE_SHAPES):
-        # Its own prefix and webhook name, apart from any other release's.
-        config = {"annotationPrefix": "cel.example.com", "rules": [{"name": f"r{i}", **shape,
-                             "volumes": {"v": "type=emptyDir,mountPath=/v,size=1Gi"}}]}
         # The chart's MutatingWebhookConfiguration alone, rendered for this rule, pointing at a
         # closed port: the API server refuses exactly the pods its CEL sends.
-        values = tmp_path / f"values-{i}.yaml"
-        values.write_text(yaml.safe_dump({"config": config, "webhook": {"url": "https://127.0.0.1:1/mutate"}}))
-        rendered = subprocess.run([HELM, "template", f"cel{i}", str(CHART), "-n", RELEASE_NS, "-f", str(values),
-                                   "--kube-version", "1.37.0", "--show-only", "templates/webhook.yaml"],
-                                  capture_output=True, text=True, check=True).stdout
-        mwc = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "MutatingWebhookConfiguration")
+        config, mwc = webhook_config_for(shape, f"cel{i}", "cel.example.com", "MutatingWebhookConfiguration", tmp_path)
         cluster.create(mwc)
         probe = pod(namespace="a", annotations={"cel.example.com/x": "type=emptyDir,mountPath=/x"})
         wait_for("the configuration to take effect",
@@ -177,14 +183,8 @@ def test_chart_workload_match_conditions_agree_with_the_webhook_on_every_rule_sh
     cases = list(itertools.product(NAMESPACES, range(len(LABELS))))
     disagreements = []
     for i, shape in enumerate(RULE_SHAPES):
-        config = {"annotationPrefix": "celw.example.com", "rules": [{"name": f"r{i}", **shape,
-                             "volumes": {"v": "type=emptyDir,mountPath=/v,size=1Gi"}}]}
-        values = tmp_path / f"values-w{i}.yaml"
-        values.write_text(yaml.safe_dump({"config": config, "webhook": {"url": "https://127.0.0.1:1/mutate"}}))
-        rendered = subprocess.run([HELM, "template", f"celw{i}", str(CHART), "-n", RELEASE_NS, "-f", str(values),
-                                   "--kube-version", "1.37.0", "--show-only", "templates/webhook.yaml"],
-                                  capture_output=True, text=True, check=True).stdout
-        vwc = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ValidatingWebhookConfiguration")
+        config, vwc = webhook_config_for(shape, f"celw{i}", "celw.example.com", "ValidatingWebhookConfiguration",
+                                         tmp_path)
         cluster.create(vwc)
         probe = workload_of("Job", "probe", "a", None)
         probe["spec"]["template"]["metadata"]["annotations"] = {"celw.example.com/x": "type=emptyDir,mountPath=/x"}
