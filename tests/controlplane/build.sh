@@ -3,24 +3,29 @@
 # kube-apiserver, kube-controller-manager, and the node's kubelet and kube-scheduler from
 # k8s.io/kubernetes (go.mod here), the pause container's source (pause.c) from that module, etcd from
 # go.etcd.io/etcd (etcd/go.mod), and an older kube-apiserver (v1.29/go.mod) for the chart's
-# compatibility paths. The binaries are cached under
+# compatibility paths; and for the node's volumes, the tests' CSI driver (csidriver/, this module)
+# and external-provisioner (provisioner/go.mod). The binaries are cached under
 # $EVI_TOOLS_DIR/controlplane/<versions>-<go.sum hash>/, so only a fresh machine builds them.
 #   bash tests/controlplane/build.sh            build if missing, print the directory
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 
-version_of() { awk -v m="$1" '$1 == m { print $2; exit }' "$2"; }
+version_of() { # module go.mod: its version, from a require block or a one-line require
+  awk -v m="$1" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$2"
+}
 k8s_version="$(version_of k8s.io/kubernetes "$here/go.mod")"
 etcd_version="$(version_of go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")"
 old_version="$(version_of k8s.io/kubernetes "$here/v1.29/go.mod")"
-[ -n "$k8s_version" ] && [ -n "$etcd_version" ] && [ -n "$old_version" ] || { echo "build.sh: versions not found in go.mod" >&2; exit 2; }
-sum="$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/v1.29/go.sum" "$here/build.sh" | sha256sum | cut -c1-12)"
+provisioner_version="$(version_of github.com/kubernetes-csi/external-provisioner/v5 "$here/provisioner/go.mod")"
+[ -n "$k8s_version" ] && [ -n "$etcd_version" ] && [ -n "$old_version" ] && [ -n "$provisioner_version" ] || { echo "build.sh: versions not found in go.mod" >&2; exit 2; }
+sum="$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/v1.29/go.sum" "$here/provisioner/go.sum" \
+  "$here/csidriver/main.go" "$here/build.sh" | sha256sum | cut -c1-12)"
 out="$TOOLS_DIR/controlplane/k8s-$k8s_version-etcd-$etcd_version-$sum"
 
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && [ -x "$out/etcd" ] \
   && [ -x "$out/kube-apiserver-$old_version" ] && [ -x "$out/kubelet" ] && [ -x "$out/kube-scheduler" ] \
-  && [ -f "$out/pause.c" ]; then
+  && [ -f "$out/pause.c" ] && [ -x "$out/evi-csi-test-driver" ] && [ -x "$out/csi-provisioner" ]; then
   echo "$out"
   exit 0
 fi
@@ -50,6 +55,10 @@ cp "$k8s_dir/build/pause/linux/pause.c" "$out.tmp/pause.c"
 echo "building kube-apiserver $old_version" >&2
 (cd "$here/v1.29" && go build -ldflags "$(version_ldflags "$old_version")" \
   -o "$out.tmp/kube-apiserver-$old_version" k8s.io/kubernetes/cmd/kube-apiserver) >&2
+echo "building the tests' CSI driver and external-provisioner $provisioner_version" >&2
+(cd "$here" && go build -ldflags "-s -w" -o "$out.tmp/evi-csi-test-driver" ./csidriver) >&2
+(cd "$here/provisioner" && go build -ldflags "-s -w -X main.version=$provisioner_version" -o "$out.tmp/csi-provisioner" \
+  github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner) >&2
 echo "building etcd $etcd_version" >&2
 (cd "$here/etcd" && go build -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3) >&2
 rm -rf "$out"

@@ -9,6 +9,10 @@ stop, on success and on failure: the kernel sysctls it sets (`vm.overcommit_memo
 `kernel.panic`, `kernel.panic_on_oops`), the cgroups it makes (all under one cgroup root of
 this run), and every process it or containerd started (containers' shims included).
 `Node.stop` checks each and raises if anything is left.
+
+Its volumes: the tests' CSI driver (tests/controlplane/csidriver, registered with the kubelet
+through its plugin registry as node-driver-registrar would) and external-provisioner, both as
+processes beside the kubelet, with their CSIDriver object and a StorageClass (`STORAGE_CLASS`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ POD_SUBNET = "10.214.0.0/24"
 KUBERNETES_SERVICE = "10.0.0.1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
 BUSYBOX_IMAGE = "evi.test/busybox:1"
+CSI_DRIVER = "csi.evi.test"
+STORAGE_CLASS = "evi-csi"
 SYSCTLS = ["vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"]
 CGROUP_FS = Path("/sys/fs/cgroup")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -186,9 +192,11 @@ class Node:
             for image in (pause_image(self.dir, self.cp.bin), busybox_image(self.dir)):
                 self.import_image(image)
             self._route_kubernetes_service()
+            self._start_csi_driver()
             self._start_kubelet()
             self._start_scheduler()
             self._wait_ready(started + timeout)
+            self._install_storage(started + timeout)
         except BaseException:
             self.stop(check=False)
             raise
@@ -266,6 +274,56 @@ state = "{d / 'state'}"
                          "-j", "DNAT", "--to-destination", f"{self.ip}:{port}"]
         run("iptables", "-t", "nat", "-A", *self.nat_rule)
 
+    @property
+    def kubelet_root(self) -> Path:
+        return self.dir / "kubelet" / "root"
+
+    @property
+    def csi_data(self) -> Path:
+        """Where the CSI driver keeps its volumes: `volumes/<id>` (provisioned) and `inline/<id>`."""
+        return self.dir / "csi"
+
+    def _start_csi_driver(self) -> None:
+        socket = self.kubelet_root / "plugins" / CSI_DRIVER / "csi.sock"
+        self.procs["csi-driver"] = start_process([
+            str(self.cp.bin / "evi-csi-test-driver"), "--name", CSI_DRIVER, "--node-id", NODE_NAME,
+            "--data-dir", str(self.csi_data), "--csi-socket", str(socket),
+            "--registration-dir", str(self.kubelet_root / "plugins_registry"),
+        ], self.dir / "csi-driver.log")
+        deadline = time.monotonic() + 20
+        while not socket.exists():
+            if self.procs["csi-driver"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the CSI driver did not start:\n{self.log('csi-driver')[-3000:]}")
+            time.sleep(0.1)
+        self.procs["csi-provisioner"] = start_process([
+            str(self.cp.bin / "csi-provisioner"), "--csi-address", str(socket),
+            "--kubeconfig", str(self.cp.kubeconfig), "--leader-election=false", "--v", "2",
+        ], self.dir / "csi-provisioner.log")
+
+    def _install_storage(self, deadline: float) -> None:
+        """The driver's CSIDriver object (inline and persistent volumes, no attach) and a
+        StorageClass provisioned by it, bound where the pod is scheduled; then waits until the
+        kubelet has registered the driver (its CSINode lists it)."""
+        objects = [
+            {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": CSI_DRIVER},
+             "spec": {"attachRequired": False, "podInfoOnMount": True,
+                      "volumeLifecycleModes": ["Persistent", "Ephemeral"]}},
+            {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": STORAGE_CLASS},
+             "provisioner": CSI_DRIVER, "reclaimPolicy": "Delete",
+             "volumeBindingMode": "WaitForFirstConsumer", "parameters": {"tier": "scratch"}},
+        ]
+        kubectl = ["kubectl", "--kubeconfig", str(self.cp.kubeconfig)]
+        subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List",
+                       "items": objects}), check=True, capture_output=True, text=True)
+        while time.monotonic() < deadline:
+            out = subprocess.run([*kubectl, "get", "csinode", NODE_NAME, "-o", "json"], capture_output=True, text=True)
+            if out.returncode == 0 and any(d["name"] == CSI_DRIVER
+                                           for d in json.loads(out.stdout)["spec"].get("drivers") or []):
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"the kubelet did not register {CSI_DRIVER}:\n{self.log('csi-driver')[-2000:]}"
+                           f"\n{self.log('kubelet')[-3000:]}")
+
     def _start_kubelet(self) -> None:
         d = self.dir / "kubelet"
         d.mkdir(exist_ok=True)
@@ -294,7 +352,7 @@ state = "{d / 'state'}"
         }))
         self.procs["kubelet"] = start_process([
             str(self.cp.bin / "kubelet"), "--config", str(d / "config.yaml"),
-            "--kubeconfig", str(self.cp.kubeconfig), "--root-dir", str(d / "root"),
+            "--kubeconfig", str(self.cp.kubeconfig), "--root-dir", str(self.kubelet_root),
             "--cert-dir", str(d / "pki"), "--node-ip", self.ip, "--hostname-override", NODE_NAME,
             "--register-with-taints", f"{TAINT['key']}=true:{TAINT['effect']}",
             "--v", "2",
@@ -374,8 +432,9 @@ state = "{d / 'state'}"
                 except ProcessLookupError:
                     pass
             time.sleep(0.5)
-        if "containerd" in self.procs:
-            stop_process(self.procs.pop("containerd"))
+        for name in ("csi-provisioner", "csi-driver", "containerd"):
+            if name in self.procs:
+                stop_process(self.procs.pop(name))
         if self.nat_rule:
             subprocess.run(["iptables", "-t", "nat", "-D", *self.nat_rule], capture_output=True)
             self.nat_rule = None

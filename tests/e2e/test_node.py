@@ -12,7 +12,7 @@ import time
 
 import pytest
 from conftest import BINARY, CHART, RELEASE_NS, ROOT, wait_for
-from node import BUSYBOX_IMAGE, TAINT, WEBHOOK_IMAGE, webhook_image
+from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT, WEBHOOK_IMAGE, webhook_image
 
 P = "ephemeral-volumes.io"
 NS = "nf-node"
@@ -183,6 +183,61 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
     sidecar = wait_for("the sidecar's report", lambda: termination_report(
         cluster.get("pod", pod["metadata"]["name"], "-n", NS), "watcher") or None, timeout=60, interval=1)
     assert sidecar == {"sees": "1"}, sidecar
+
+
+CSI_SCRIPT = r"""
+set -u
+out=/dev/termination-log
+check() { echo "$1=$2" >> $out; }
+check work_mount "$(grep -c ' /work ' /proc/mounts)"
+echo result > /work/result && check work_write ok || check work_write failed
+check work_parameters "$(cat /work/.parameters)"
+check ref_attributes "$(grep -v '^csi.storage.k8s.io/' /ref/.volume-context | tr '\n' ';')"
+check ref_pod "$(grep '^csi.storage.k8s.io/pod.name=' /ref/.volume-context | cut -d= -f2)"
+touch /ref/x 2>/dev/null && check ref_write allowed || check ref_write refused
+"""
+
+
+def test_a_task_gets_a_provisioned_volume_and_an_inline_csi_volume_from_a_real_driver(cluster, chart, node):
+    """A generic ephemeral volume: the ephemeral-volume controller makes the PVC, the scheduler
+    picks the node, external-provisioner has the tests' CSI driver create it with the
+    StorageClass's parameters, the kubelet mounts it; deleting the task deletes the PVC, the PV
+    and the volume. An inline CSI volume: published by the driver with the attributes asked."""
+    annotations = {
+        f"{P}/work": f"type=ephemeral,storageClass={STORAGE_CLASS},size=1Gi,mountPath=/work,env=TMPDIR",
+        f"{P}/ref": f"type=csi,driver={CSI_DRIVER},attr.dataset=hg38,attr.release=110,mountPath=/ref,readOnly=true",
+    }
+    cluster.create(nextflow_job("nf-task-csi", annotations, CSI_SCRIPT))
+    pod = finished_pod(cluster, "nf-task-csi", timeout=180)
+    name = pod["metadata"]["name"]
+    report = termination_report(pod, "nf-task-csi")
+    assert pod["status"]["phase"] == "Succeeded", (pod["status"], report)
+    assert report["work_mount"] == "1" and report["work_write"] == "ok", report
+    # Provisioned by the driver with the StorageClass's parameters (written by CreateVolume).
+    assert report["work_parameters"] == "tier=scratch", report
+    assert report["ref_attributes"] == "dataset=hg38;release=110;", report
+    assert report["ref_pod"] == name, report
+    assert report["ref_write"] == "refused", report
+
+    pvc = cluster.get("pvc", f"{name}-work", "-n", NS)
+    assert pvc["status"]["phase"] == "Bound", pvc["status"]
+    assert pvc["spec"]["storageClassName"] == STORAGE_CLASS
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert [o["kind"] + "/" + o["name"] for o in pvc["metadata"]["ownerReferences"]] == [f"Pod/{name}"]
+    assert pvc["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == "evi-node"
+    pv = cluster.get("pv", pvc["spec"]["volumeName"])
+    assert pv["spec"]["csi"]["driver"] == CSI_DRIVER, pv["spec"]
+    backing = node.csi_data / "volumes" / pv["spec"]["csi"]["volumeHandle"]
+    assert (backing / "result").read_text() == "result\n"
+
+    cluster.kubectl("delete", "job", "nf-task-csi", "-n", NS, "--cascade=foreground", "--wait=true")
+    wait_for("the PVC deleted with its pod", lambda: cluster.kubectl(
+        "get", "pvc", f"{name}-work", "-n", NS, check=False).returncode != 0, timeout=60, interval=1)
+    wait_for("the PV deleted and the volume removed by the driver", lambda: not backing.exists() and cluster.kubectl(
+        "get", "pv", pv["metadata"]["name"], check=False).returncode != 0, timeout=60, interval=1)
+    # The kubelet unpublishes the inline volume once the pod is gone; the driver removes it then.
+    wait_for("the inline volume unpublished", lambda: not any((node.csi_data / "inline").iterdir()),
+             timeout=60, interval=1)
 
 
 def test_a_task_past_its_disk_limit_is_evicted_with_a_message_the_user_can_read(cluster, chart):
