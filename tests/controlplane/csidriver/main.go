@@ -48,7 +48,7 @@ type driver struct {
 	registration.UnimplementedRegistrationServer
 
 	name, nodeID, dataDir, csiSocket string
-	mu                                sync.Mutex // one volume operation at a time: enough for tests
+	mu                               sync.Mutex // one volume operation at a time: enough for tests
 	// published: the target paths each volume is mounted at. A published volume is not deleted
 	// (a real driver's storage refuses too): a PV can be deleted before the kubelet unmounts.
 	published map[string]map[string]bool
