@@ -23,6 +23,11 @@ pub fn router(state: Arc<AppState>) -> Router {
                         StatusCode::SERVICE_UNAVAILABLE,
                         "not ready: starting or shutting down\n",
                     )
+                } else if !s.tls_ready.load(Ordering::SeqCst) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: no valid serving certificate (self-managed TLS: see the log)\n",
+                    )
                 } else if !s.cluster_ready.load(Ordering::SeqCst) {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,

@@ -22,13 +22,58 @@ pub struct ServeArgs {
     /// Admin address (plain HTTP): /healthz, /readyz, /metrics.
     #[arg(long, env = "EVI_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
-    /// Serving certificate (PEM, chain allowed); reloaded when it changes. Without it, a
-    /// self-signed certificate for localhost is generated in memory.
-    #[arg(long, env = "EVI_TLS_CERT", requires = "tls_key")]
+    /// Serving certificate (PEM, chain allowed); reloaded when it changes. Without it (and
+    /// without --tls-secret), a self-signed certificate for localhost is generated in memory.
+    #[arg(
+        long,
+        env = "EVI_TLS_CERT",
+        requires = "tls_key",
+        conflicts_with = "tls_secret"
+    )]
     pub tls_cert: Option<PathBuf>,
     /// Private key of the serving certificate (PEM).
     #[arg(long, env = "EVI_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Self-managed TLS: the Secret (NAMESPACE/NAME) in which the webhook keeps its own CA and
+    /// serving certificate, created when empty, read through the API (a watch) and renewed
+    /// before expiry; the CA goes into the caBundle of the webhook configurations named below.
+    #[arg(long, env = "EVI_TLS_SECRET", requires = "tls_names")]
+    pub tls_secret: Option<String>,
+    /// Self-managed TLS: a name (DNS name or IP address) of the serving certificate; the first
+    /// is its common name. Repeat the flag, or separate with commas.
+    #[arg(long = "tls-name", env = "EVI_TLS_NAMES", value_delimiter = ',')]
+    pub tls_names: Vec<String>,
+    /// Self-managed TLS: a MutatingWebhookConfiguration whose webhooks get the CA bundle (and
+    /// get it back when something else changes it). Repeatable.
+    #[arg(
+        long,
+        env = "EVI_MUTATING_WEBHOOK_CONFIGURATION",
+        value_delimiter = ','
+    )]
+    pub mutating_webhook_configuration: Vec<String>,
+    /// Self-managed TLS: a ValidatingWebhookConfiguration, as above. Repeatable.
+    #[arg(
+        long,
+        env = "EVI_VALIDATING_WEBHOOK_CONFIGURATION",
+        value_delimiter = ','
+    )]
+    pub validating_webhook_configuration: Vec<String>,
+    /// Self-managed TLS: the CA's lifetime (Go-style duration: 8760h, 90m, 30s).
+    #[arg(long, env = "EVI_CA_LIFETIME", default_value = "8760h", value_parser = duration)]
+    pub ca_lifetime: Duration,
+    /// Self-managed TLS: a new CA is made and trusted this long before the CA expires.
+    #[arg(long, env = "EVI_CA_RENEW_BEFORE", default_value = "2160h", value_parser = duration)]
+    pub ca_renew_before: Duration,
+    /// Self-managed TLS: the serving certificate's lifetime.
+    #[arg(long, env = "EVI_CERT_LIFETIME", default_value = "2160h", value_parser = duration)]
+    pub cert_lifetime: Duration,
+    /// Self-managed TLS: the serving certificate is renewed this long before it expires.
+    #[arg(long, env = "EVI_CERT_RENEW_BEFORE", default_value = "720h", value_parser = duration)]
+    pub cert_renew_before: Duration,
+    /// Self-managed TLS: how long a CA that no longer signs (the old one after a rotation, or
+    /// another mode's found in the caBundle at the start) stays trusted.
+    #[arg(long, env = "EVI_CA_OVERLAP", default_value = "1h", value_parser = duration)]
+    pub ca_overlap: Duration,
     /// Where the generated CA certificate is written when no certificate is given.
     #[arg(long, env = "EVI_CA_OUT")]
     pub ca_out: Option<PathBuf>,
@@ -140,6 +185,14 @@ impl ServeArgs {
             )?,
         })
     }
+}
+
+/// A Go-style duration (`8760h`, `1h30m`, `45s`), as cert-manager's and the chart's values.
+fn duration(s: &str) -> Result<Duration, String> {
+    let d: k8s_openapi::jiff::SignedDuration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 8760h, 90m or 30s: {e}"))?;
+    Duration::try_from(d).map_err(|_| format!("{s:?}: a duration must not be negative"))
 }
 
 fn seconds(name: &str, v: f64) -> Result<Duration, ServeError> {

@@ -55,6 +55,21 @@ pub struct PortLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabel {
+    pub step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabel {
+    pub operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabel {
+    pub certificate: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     pub port: &'static str,
     pub code: u16,
@@ -71,6 +86,13 @@ pub struct Metrics {
     pub config_reloads: Family<ReloadLabel, Counter>,
     pub cert_reloads: Family<ReloadLabel, Counter>,
     pub cert_not_after: Gauge,
+    /// Self-managed TLS: the signing CA's expiry (0 in the other modes).
+    pub ca_not_after: Gauge,
+    /// Time left, computed from the two expiries at each scrape.
+    pub cert_expiry: Family<CertificateLabel, Gauge>,
+    pub tls_steps: Family<StepLabel, Counter>,
+    pub tls_errors: Family<OperationLabel, Counter>,
+    pub ca_bundle_patches: Counter,
     pub connections_closed: Family<CauseLabel, Counter>,
     pub connections_open: Family<PortLabel, Gauge>,
     pub at_capacity: Family<PortLabel, Counter>,
@@ -167,6 +189,36 @@ impl Default for Metrics {
             "Expiry of the serving certificate, Unix time",
             cert_not_after.clone(),
         );
+        let ca_not_after = Gauge::default();
+        registry.register(
+            "ca_not_after_timestamp_seconds",
+            "Self-managed TLS: expiry of the CA that signs the serving certificate, Unix time (0 in the other modes)",
+            ca_not_after.clone(),
+        );
+        let cert_expiry = Family::<CertificateLabel, Gauge>::default();
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until the serving certificate (certificate=serving) or, self-managed, its CA (certificate=ca) expires",
+            cert_expiry.clone(),
+        );
+        let tls_steps = Family::<StepLabel, Counter>::default();
+        registry.register(
+            "tls_steps",
+            "Self-managed TLS: changes this replica wrote to its Secret, by step (created, next-ca-added, next-ca-trusted, ca-switched, old-cas-removed, serving-renewed, bundle-repaired)",
+            tls_steps.clone(),
+        );
+        let tls_errors = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "tls_errors",
+            "Self-managed TLS: failures, by operation (read-secret, write-secret, read-webhook-configuration, patch-webhook-configuration, watch, generate, unusable-secret); the certificate in use stays",
+            tls_errors.clone(),
+        );
+        let ca_bundle_patches = Counter::default();
+        registry.register(
+            "ca_bundle_patches",
+            "Self-managed TLS: webhooks whose caBundle this replica set (at the start, at a rotation, or back after something else changed it)",
+            ca_bundle_patches.clone(),
+        );
         let cluster_objects = Family::<KindLabel, Gauge>::default();
         registry.register(
             "cluster_objects",
@@ -196,6 +248,11 @@ impl Default for Metrics {
             config_reloads,
             cert_reloads,
             cert_not_after,
+            ca_not_after,
+            cert_expiry,
+            tls_steps,
+            tls_errors,
+            ca_bundle_patches,
             connections_closed,
             connections_open,
             at_capacity,
@@ -209,6 +266,20 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+            .unwrap_or_default();
+        for (certificate, not_after) in [
+            ("serving", &self.cert_not_after),
+            ("ca", &self.ca_not_after),
+        ] {
+            if not_after.get() != 0 {
+                self.cert_expiry
+                    .get_or_create(&CertificateLabel { certificate })
+                    .set(not_after.get() - now);
+            }
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -15,6 +15,7 @@ mod listener;
 mod logging;
 mod metrics;
 mod reload;
+mod selftls;
 mod shutdown;
 pub mod tls;
 mod watch;
@@ -67,6 +68,8 @@ pub(crate) struct AppState {
     /// Why there is no API client although one was asked for (`--kubeconfig`, or a pod's
     /// service account) while the checks were off: a reload that turns them on is refused.
     pub no_client: Option<String>,
+    /// A valid serving certificate is in use (self-managed TLS starts without one).
+    pub tls_ready: AtomicBool,
 }
 
 /// Why `serve` could not start.
@@ -150,12 +153,28 @@ pub async fn serve(
     let timing = args.timing()?;
 
     let (config, loaded_config) = initial_config(&args)?;
-    let (loaded, loaded_cert) = initial_certificate(&args)?;
+    let self_tls = selftls::Settings::from_args(&args)?;
+    let (loaded, loaded_cert) = match &self_tls {
+        Some(_) => (selftls::placeholder()?, None),
+        None => initial_certificate(&args)?,
+    };
 
     let (client, no_client) = match cluster_client(&args, config.cluster_checks).await? {
         ClientOutcome::Client(c) => (Some(c), None),
         ClientOutcome::NotAskedFor => (None, None),
         ClientOutcome::Failed(why) => (None, Some(why)),
+    };
+    // Self-managed TLS needs the API whatever the checks: without it there is no certificate.
+    let tls_client = match (&self_tls, &client) {
+        (None, _) => None,
+        (Some(_), Some(c)) => Some(c.clone()),
+        (Some(_), None) => match watch::client(args.kubeconfig.as_deref()).await {
+            Ok(Some(c)) => Some(c),
+            Ok(None) => return Err(ServeError::Flag(
+                "--tls-secret needs the API server: give --kubeconfig, or run in a pod with a service account".into(),
+            )),
+            Err(e) => return Err(ServeError::Flag(format!("--tls-secret needs the API server: {e}"))),
+        },
     };
     let watch = client
         .as_ref()
@@ -175,7 +194,11 @@ pub async fn serve(
         cluster: watch.clone(),
         cluster_ready: AtomicBool::new(watch.is_none()),
         no_client,
+        tls_ready: AtomicBool::new(self_tls.is_none()),
     });
+    if let (Some(settings), Some(client)) = (self_tls, tls_client) {
+        selftls::start(client, settings, state.clone());
+    }
     if let (Some(client), Some(w)) = (client, watch) {
         tracing::info!(sync_timeout = ?timing.cluster_sync, "cluster checks: watching CSIDrivers and StorageClasses");
         watch::watch(client, w.clone(), state.clone());
@@ -418,5 +441,6 @@ pub(crate) fn test_state(config: &str) -> Arc<AppState> {
         cluster: None,
         cluster_ready: AtomicBool::new(true),
         no_client: None,
+        tls_ready: AtomicBool::new(true),
     })
 }

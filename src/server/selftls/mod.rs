@@ -1,0 +1,566 @@
+//! Self-managed TLS (`serve --tls-secret NAMESPACE/NAME`): the webhook keeps its CA and serving
+//! certificate in its own Secret and the CA in its webhook configurations' `caBundle`, with
+//! nothing rendered by the chart that changes between renders (GitOps tools apply the chart
+//! as it is, again and again).
+//!
+//! Every replica runs the same loop: read the Secret and the webhook configurations, decide
+//! ([`plan`]), write the Secret with its `resourceVersion` (a replica that loses the race reads
+//! again and follows the winner), serve the stored certificate, and set each webhook's
+//! `caBundle` to the stored bundle where it differs — after a rotation step, and whenever
+//! something else (a sync, a `kubectl apply`) has changed it. Watches on the Secret and on the
+//! configurations wake the loop; so do the next deadline and a minute's resync.
+//!
+//! Failures (RBAC, an API server away) are counted and logged; the certificate in use stays in
+//! use. `/readyz` fails only while there is no valid certificate at all.
+
+pub mod plan;
+
+use std::{
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
+};
+
+use futures_util::StreamExt as _;
+use k8s_openapi::{
+    ByteString,
+    api::{
+        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+        core::v1::Secret,
+    },
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt as _, watcher},
+};
+
+use self::plan::{Policy, Stored};
+use super::{AppState, ServeArgs, ServeError, metrics::OperationLabel, tls};
+
+/// At most this long between two looks, whatever the deadlines.
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// What `--tls-secret` and the flags around it ask for.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub namespace: String,
+    pub name: String,
+    pub names: Vec<String>,
+    pub mutating: Vec<String>,
+    pub validating: Vec<String>,
+    pub policy: Policy,
+}
+
+impl Settings {
+    /// The self-managed mode's settings, if `--tls-secret` is given, checked.
+    pub fn from_args(args: &ServeArgs) -> Result<Option<Settings>, ServeError> {
+        let Some(secret) = &args.tls_secret else {
+            return Ok(None);
+        };
+        let bad = |m: String| ServeError::Flag(m);
+        let (namespace, name) = secret
+            .split_once('/')
+            .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+            .ok_or_else(|| {
+                bad(format!(
+                    "--tls-secret must be NAMESPACE/NAME, not {secret:?}"
+                ))
+            })?;
+        let names: Vec<String> = args
+            .tls_names
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Err(bad(
+                "--tls-secret needs at least one --tls-name (the Service's DNS name)".into(),
+            ));
+        }
+        for n in &names {
+            if rustls_pki_types::ServerName::try_from(n.as_str()).is_err() {
+                return Err(bad(format!(
+                    "--tls-name {n:?} is neither a DNS name nor an IP address"
+                )));
+            }
+        }
+        let secs = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+        let policy = Policy {
+            ca_lifetime: secs(args.ca_lifetime),
+            ca_renew_before: secs(args.ca_renew_before),
+            cert_lifetime: secs(args.cert_lifetime),
+            cert_renew_before: secs(args.cert_renew_before),
+            overlap: secs(args.ca_overlap),
+        };
+        policy.check().map_err(|m| {
+            bad(format!(
+                "--ca-lifetime, --ca-renew-before, --cert-lifetime, --cert-renew-before: {m}"
+            ))
+        })?;
+        Ok(Some(Settings {
+            namespace: namespace.into(),
+            name: name.into(),
+            names,
+            mutating: args.mutating_webhook_configuration.clone(),
+            validating: args.validating_webhook_configuration.clone(),
+            policy,
+        }))
+    }
+}
+
+/// A certificate no client trusts, served until the Secret's is in (the webhook is not ready
+/// meanwhile, so no Service sends it anything).
+pub fn placeholder() -> Result<tls::Loaded, tls::TlsError> {
+    let pair = tls::self_signed(&["localhost"])?;
+    tls::load_pem(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes())
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+struct Ctx {
+    client: Client,
+    settings: Settings,
+    state: Arc<AppState>,
+    /// The certificate served now (PEM) and its expiry.
+    served: Mutex<Option<(Vec<u8>, i64)>>,
+    /// The last problem logged with the stored certificate, so that it is logged once.
+    last_problem: Mutex<Option<String>>,
+    wake: tokio::sync::Notify,
+}
+
+impl Ctx {
+    fn error(&self, operation: &'static str, error: &dyn std::fmt::Display) {
+        self.state
+            .metrics
+            .tls_errors
+            .get_or_create(&OperationLabel { operation })
+            .inc();
+        tracing::warn!(operation, error = %error, secret = %format!("{}/{}", self.settings.namespace, self.settings.name),
+            "self-managed TLS: failed; the certificate in use stays in use, retrying");
+    }
+}
+
+/// Starts the watches and the loop.
+pub fn start(client: Client, settings: Settings, state: Arc<AppState>) {
+    tracing::info!(secret = %format!("{}/{}", settings.namespace, settings.name), names = ?settings.names,
+        mutating = ?settings.mutating, validating = ?settings.validating, "self-managed TLS: keeping the certificate in this Secret");
+    let ctx = Arc::new(Ctx {
+        client,
+        settings,
+        state,
+        served: Mutex::new(None),
+        last_problem: Mutex::new(None),
+        wake: tokio::sync::Notify::new(),
+    });
+    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
+    tokio::spawn(watch_secret(
+        ctx.clone(),
+        secrets,
+        by_name(&ctx.settings.name),
+    ));
+    for name in &ctx.settings.mutating {
+        let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+        tokio::spawn(wake_on_change(ctx.clone(), api, by_name(name)));
+    }
+    for name in &ctx.settings.validating {
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(ctx.client.clone());
+        tokio::spawn(wake_on_change(ctx.clone(), api, by_name(name)));
+    }
+    tokio::spawn(run(ctx));
+}
+
+/// The Secret's watch: a stored certificate is served as soon as it arrives.
+async fn watch_secret(ctx: Arc<Ctx>, api: Api<Secret>, config: watcher::Config) {
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => {
+                serve(&ctx, &stored_of(&s), unix_now());
+                ctx.wake.notify_one();
+            }
+            Ok(watcher::Event::Delete(_) | watcher::Event::InitDone) => ctx.wake.notify_one(),
+            Ok(watcher::Event::Init) => {}
+            Err(e) => ctx.error("watch", &e),
+        }
+    }
+}
+
+/// A webhook configuration's watch: any change wakes the loop (it checks the caBundle).
+async fn wake_on_change<K>(ctx: Arc<Ctx>, api: Api<K>, config: watcher::Config)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                ctx.wake.notify_one()
+            }
+            Ok(_) => {}
+            Err(e) => ctx.error("watch", &e),
+        }
+    }
+}
+
+async fn run(ctx: Arc<Ctx>) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let wait = match reconcile(&ctx).await {
+            Ok(wait) => {
+                backoff = Duration::from_secs(1);
+                wait
+            }
+            Err(()) => {
+                let wait = backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                wait
+            }
+        };
+        check_expiry(&ctx, unix_now());
+        tokio::select! {
+            () = ctx.wake.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn stored_of(secret: &Secret) -> Stored {
+    let data = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    let annotations = secret
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| [plan::TRUSTED_SINCE, plan::RETIRE_AFTER].contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Stored { data, annotations }
+}
+
+/// One webhook of a configuration, as read: its name and caBundle.
+struct LiveWebhook {
+    kind: &'static str,
+    configuration: String,
+    index: usize,
+    name: String,
+    ca_bundle: Vec<u8>,
+}
+
+async fn read_live(ctx: &Ctx) -> Result<Vec<LiveWebhook>, ()> {
+    let mut out = Vec::new();
+    let hooks =
+        |kind: &'static str, configuration: &str, list: Vec<(String, Option<ByteString>)>| {
+            list.into_iter()
+                .enumerate()
+                .map(|(index, (name, ca))| LiveWebhook {
+                    kind,
+                    configuration: configuration.to_string(),
+                    index,
+                    name,
+                    ca_bundle: ca.map(|b| b.0).unwrap_or_default(),
+                })
+                .collect::<Vec<_>>()
+        };
+    for name in &ctx.settings.mutating {
+        let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+        match api.get_opt(name).await {
+            Ok(Some(c)) => out.extend(hooks(
+                "MutatingWebhookConfiguration",
+                name,
+                c.webhooks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|w| (w.name, w.client_config.ca_bundle))
+                    .collect(),
+            )),
+            Ok(None) => ctx.error(
+                "read-webhook-configuration",
+                &format!("MutatingWebhookConfiguration {name} does not exist"),
+            ),
+            Err(e) => {
+                ctx.error("read-webhook-configuration", &e);
+                return Err(());
+            }
+        }
+    }
+    for name in &ctx.settings.validating {
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(ctx.client.clone());
+        match api.get_opt(name).await {
+            Ok(Some(c)) => out.extend(hooks(
+                "ValidatingWebhookConfiguration",
+                name,
+                c.webhooks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|w| (w.name, w.client_config.ca_bundle))
+                    .collect(),
+            )),
+            Ok(None) => ctx.error(
+                "read-webhook-configuration",
+                &format!("ValidatingWebhookConfiguration {name} does not exist"),
+            ),
+            Err(e) => {
+                ctx.error("read-webhook-configuration", &e);
+                return Err(());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn ca_name(settings: &Settings) -> String {
+    format!(
+        "ephemeral-volume-injector CA ({}/{})",
+        settings.namespace, settings.name
+    )
+}
+
+/// One look: decide, write, serve, set the caBundles. Returns how long until the next look.
+async fn reconcile(ctx: &Ctx) -> Result<Duration, ()> {
+    let now = unix_now();
+    let s = &ctx.settings;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &s.namespace);
+    let object = secrets
+        .get_opt(&s.name)
+        .await
+        .map_err(|e| ctx.error("read-secret", &e))?;
+    let stored = object.as_ref().map(stored_of);
+    let live = read_live(ctx).await?;
+    let bundles: Vec<Vec<u8>> = live.iter().map(|w| w.ca_bundle.clone()).collect();
+    let planned = plan::plan(
+        stored.as_ref(),
+        &bundles,
+        &s.names,
+        &s.policy,
+        now,
+        &ca_name(s),
+    )
+    .map_err(|e| ctx.error("generate", &e))?;
+    let current = match planned {
+        None => stored.unwrap_or_default(),
+        Some((step, next)) => match write(ctx, &secrets, object, &next).await {
+            Ok(()) => {
+                log_step(ctx, &step);
+                next
+            }
+            // Another replica wrote first: read again and follow it.
+            Err(WriteError::Conflict) => {
+                tracing::debug!(
+                    step = step.name(),
+                    "self-managed TLS: another replica changed the Secret first"
+                );
+                return Ok(Duration::from_millis(200));
+            }
+            Err(WriteError::Other(e)) => {
+                ctx.error("write-secret", &e);
+                return Err(());
+            }
+        },
+    };
+    serve(ctx, &current, now);
+    if let Some(bundle) = plan::bundle(&current) {
+        set_bundles(ctx, &live, &bundle).await?;
+    }
+    let until = plan::deadline(&current, &s.policy, now)
+        .map(|t| Duration::from_secs(u64::try_from(t - now).unwrap_or(0).max(1)))
+        .unwrap_or(RESYNC);
+    Ok(until.min(RESYNC))
+}
+
+fn log_step(ctx: &Ctx, step: &plan::Step) {
+    ctx.state
+        .metrics
+        .tls_steps
+        .get_or_create(&super::metrics::StepLabel { step: step.name() })
+        .inc();
+    let secret = format!("{}/{}", ctx.settings.namespace, ctx.settings.name);
+    match step {
+        plan::Step::Created { adopted, why } => {
+            tracing::info!(step = step.name(), %secret, why, adopted,
+            "self-managed TLS: new CA and serving certificate stored; CAs found in the webhook configurations stay trusted for the overlap")
+        }
+        plan::Step::NextCaAdded => tracing::info!(step = step.name(), %secret,
+            "self-managed TLS: the CA is due for renewal; the next CA is added to the CA bundle first"),
+        plan::Step::NextCaTrusted => {
+            tracing::info!(step = step.name(), %secret, settle_seconds = plan::SETTLE,
+            "self-managed TLS: every webhook configuration holds the next CA; switching after the settle time")
+        }
+        plan::Step::CaSwitched => {
+            tracing::info!(step = step.name(), %secret, overlap_seconds = ctx.settings.policy.overlap,
+            "self-managed TLS: the serving certificate now comes from the next CA; the old CA stays trusted for the overlap")
+        }
+        plan::Step::OldCasRemoved { count } => tracing::info!(step = step.name(), %secret, count,
+            "self-managed TLS: the overlap has passed; CAs that no longer sign leave the CA bundle"),
+        plan::Step::ServingRenewed { why } => tracing::info!(step = step.name(), %secret, why,
+            "self-managed TLS: new serving certificate from the same CA"),
+        plan::Step::BundleRepaired => tracing::warn!(step = step.name(), %secret,
+            "self-managed TLS: the stored CA bundle lacked a CA or held an unusable one; repaired"),
+    }
+}
+
+enum WriteError {
+    Conflict,
+    Other(kube::Error),
+}
+
+/// Writes `next` over the Secret read (`object`), or creates it: a write based on an older
+/// read is refused by the API server (409), so one replica's decision wins.
+async fn write(
+    ctx: &Ctx,
+    api: &Api<Secret>,
+    object: Option<Secret>,
+    next: &Stored,
+) -> Result<(), WriteError> {
+    let mut secret = object.unwrap_or_else(|| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(ctx.settings.name.clone()),
+            namespace: Some(ctx.settings.namespace.clone()),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    });
+    let exists = secret.metadata.resource_version.is_some();
+    secret.data = Some(
+        next.data
+            .iter()
+            .map(|(k, v)| (k.clone(), ByteString(v.clone())))
+            .collect(),
+    );
+    secret.string_data = None;
+    let annotations = secret
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    annotations.remove(plan::TRUSTED_SINCE);
+    annotations.remove(plan::RETIRE_AFTER);
+    annotations.extend(next.annotations.clone());
+    let result = if exists {
+        api.replace(&ctx.settings.name, &PostParams::default(), &secret)
+            .await
+    } else {
+        api.create(&PostParams::default(), &secret).await
+    };
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(WriteError::Conflict),
+        Err(e) => Err(WriteError::Other(e)),
+    }
+}
+
+/// Serves the stored certificate if it is usable and not the one served already.
+fn serve(ctx: &Ctx, stored: &Stored, now: i64) {
+    let metrics = &ctx.state.metrics;
+    match plan::serving(stored, &ctx.settings.names, now) {
+        Ok(s) => {
+            let mut served = ctx.served.lock().unwrap_or_else(|p| p.into_inner());
+            if served.as_ref().is_some_and(|(pem, _)| *pem == s.cert_pem) {
+                return;
+            }
+            match tls::load_pem(&s.cert_pem, &s.key_pem) {
+                Ok(loaded) => {
+                    ctx.state.certs.swap(loaded.key);
+                    metrics.cert_not_after.set(loaded.not_after);
+                    if let Some(ca) = plan::ca_not_after(stored) {
+                        metrics.ca_not_after.set(ca);
+                    }
+                    *served = Some((s.cert_pem, loaded.not_after));
+                    ctx.state.tls_ready.store(true, Ordering::SeqCst);
+                    *ctx.last_problem.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    tracing::info!(
+                        not_after = loaded.not_after,
+                        "self-managed TLS: serving the certificate from the Secret"
+                    );
+                }
+                Err(e) => problem(ctx, e.to_string()),
+            }
+        }
+        // Nothing stored yet: the loop is about to make it.
+        Err(_) if stored.data.is_empty() => {}
+        Err(e) => problem(ctx, e.to_string()),
+    }
+}
+
+/// A stored certificate that cannot be served: counted, logged once, never served.
+fn problem(ctx: &Ctx, message: String) {
+    let mut last = ctx.last_problem.lock().unwrap_or_else(|p| p.into_inner());
+    if last.as_deref() != Some(message.as_str()) {
+        ctx.error("unusable-secret", &message);
+        *last = Some(message);
+    }
+}
+
+/// Not ready once the certificate served has expired (and none replaced it).
+fn check_expiry(ctx: &Ctx, now: i64) {
+    let served = ctx.served.lock().unwrap_or_else(|p| p.into_inner());
+    let valid = served
+        .as_ref()
+        .is_some_and(|(_, not_after)| now < *not_after);
+    if !valid && ctx.state.tls_ready.swap(false, Ordering::SeqCst) {
+        tracing::error!(
+            "self-managed TLS: the certificate served has expired and none replaced it: not ready"
+        );
+    }
+}
+
+/// Sets every webhook's caBundle that differs from `bundle`. The JSON patch tests the webhook's
+/// name at its index, so that a configuration changed in between is read again, not clobbered.
+async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(), ()> {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
+    let mut failed = false;
+    for w in live.iter().filter(|w| w.ca_bundle != bundle) {
+        let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": format!("/webhooks/{}/name", w.index), "value": w.name},
+            {"op": "add", "path": format!("/webhooks/{}/clientConfig/caBundle", w.index), "value": encoded},
+        ])) {
+            Ok(p) => p,
+            Err(e) => {
+                ctx.error("patch-webhook-configuration", &e);
+                return Err(());
+            }
+        };
+        let params = PatchParams::default();
+        let result = match w.kind {
+            "MutatingWebhookConfiguration" => {
+                Api::<MutatingWebhookConfiguration>::all(ctx.client.clone())
+                    .patch(&w.configuration, &params, &Patch::Json::<()>(patch))
+                    .await
+                    .map(|_| ())
+            }
+            _ => Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone())
+                .patch(&w.configuration, &params, &Patch::Json::<()>(patch))
+                .await
+                .map(|_| ()),
+        };
+        match result {
+            Ok(()) => {
+                ctx.state.metrics.ca_bundle_patches.inc();
+                let was = if w.ca_bundle.is_empty() {
+                    "empty"
+                } else {
+                    "different"
+                };
+                tracing::info!(kind = w.kind, configuration = %w.configuration, webhook = %w.name, was,
+                    "self-managed TLS: caBundle set to the stored CA bundle");
+            }
+            Err(e) => {
+                ctx.error("patch-webhook-configuration", &e);
+                failed = true;
+            }
+        }
+    }
+    if failed { Err(()) } else { Ok(()) }
+}
