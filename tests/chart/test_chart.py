@@ -78,6 +78,7 @@ def deployment(docs):
 
 MODES = [
     ([], "helm"),
+    (["--set", "tls.mode=selfManaged"], "selfManaged"),
     (["--set", "tls.mode=certManager"], "certManager"),
     (["--set", "tls.mode=existingSecret", "--set", "tls.existingSecret=my-tls",
       "--set", "tls.caBundle=" + base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()], "existingSecret"),
@@ -371,7 +372,7 @@ def test_tls_modes():
     assert "evi-ephemeral-volume-injector.evi-system.svc.cluster.local" in serving["spec"]["dnsNames"]
     assert serving["spec"]["secretName"] == "evi-ephemeral-volume-injector-tls"
 
-    args, _ = MODES[2]
+    (args,) = [a for a, mode in MODES if mode == "existingSecret"]
     docs = render(*args)
     assert not [d for d in docs if d["kind"] == "Secret"]
     assert webhook(docs)["clientConfig"]["caBundle"] == base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()
@@ -379,6 +380,63 @@ def test_tls_modes():
     assert vol["secret"]["secretName"] == "my-tls"
     p = render("--set", "tls.mode=existingSecret", "--set", "tls.existingSecret=my-tls", check=False)
     assert p.returncode != 0 and "tls.caBundle" in p.stderr
+
+
+def test_self_managed_tls_renders_the_same_bytes_every_time_with_no_key_and_no_ca_bundle():
+    """Argo CD renders with `helm template` at every sync: nothing in the render may change
+    between two runs, and nothing the webhook writes (keys, certificates, caBundle) is in it."""
+    args = ["template", "evi", str(CHART), "-n", "evi-system", "--set", "tls.mode=selfManaged"]
+    one, two = (subprocess.run([HELM, *args], capture_output=True, text=True, check=True).stdout for _ in range(2))
+    assert one == two
+    # The helm mode, for contrast, makes a new CA at every render (the problem this mode solves).
+    helm_one, helm_two = (subprocess.run([HELM, *args[:-2]], capture_output=True, text=True, check=True).stdout
+                          for _ in range(2))
+    assert helm_one != helm_two
+    assert "-----BEGIN" not in one and "caBundle:" not in one and "tls.key" not in one
+    docs = [d for d in yaml.safe_load_all(one) if d]
+    (secret,) = by_kind(docs, "Secret")
+    assert secret["metadata"]["name"] == "evi-ephemeral-volume-injector-certs"
+    assert secret["type"] == "Opaque" and "data" not in secret and "stringData" not in secret
+    (c,) = deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert "--tls-secret=evi-system/evi-ephemeral-volume-injector-certs" in c["args"]
+    names = next(a for a in c["args"] if a.startswith("--tls-name="))
+    assert names.split("=", 1)[1].split(",")[0] == "evi-ephemeral-volume-injector.evi-system.svc"
+    assert "--mutating-webhook-configuration=evi-ephemeral-volume-injector" in c["args"]
+    assert "--validating-webhook-configuration=evi-ephemeral-volume-injector" in c["args"]
+    assert "--ca-lifetime=8760h" in c["args"] and "--ca-overlap=1h" in c["args"]
+    assert not any(a.startswith("--tls-cert") for a in c["args"])
+    assert "tls" not in {v["name"] for v in deployment(docs)["spec"]["template"]["spec"]["volumes"]}
+    flags = serve_flags()
+    for arg in c["args"][1:]:
+        assert arg.split("=", 1)[0][2:] in flags, arg
+    # Without the workload webhook, no validating configuration to manage.
+    docs = render("--set", "tls.mode=selfManaged", "--set", "webhook.workloads.enabled=false")
+    (c,) = deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--validating-webhook-configuration") for a in c["args"])
+    # webhook.url's host is a name of the certificate too.
+    docs = render("--set", "tls.mode=selfManaged", "--set", "webhook.url=https://127.0.0.1:9443/mutate")
+    (c,) = deployment(docs)["spec"]["template"]["spec"]["containers"]
+    assert next(a for a in c["args"] if a.startswith("--tls-name=")).endswith(",127.0.0.1")
+
+
+def test_self_managed_tls_rbac_names_its_own_secret_and_configurations_only():
+    docs = render("--set", "tls.mode=selfManaged")
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    role = roles["evi-ephemeral-volume-injector-certificates"]
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == "evi-system"
+    (rule,) = role["rules"]
+    assert rule["resources"] == ["secrets"] and rule["resourceNames"] == ["evi-ephemeral-volume-injector-certs"]
+    assert "create" not in rule["verbs"] and "delete" not in rule["verbs"]
+    cluster = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-certificates")]
+    (rule,) = cluster[0]["rules"]
+    assert rule["resources"] == ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"]
+    assert rule["resourceNames"] == ["evi-ephemeral-volume-injector"]
+    assert "create" not in rule["verbs"] and "delete" not in rule["verbs"]
+    bindings = {d["roleRef"]["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+    assert "evi-ephemeral-volume-injector-certificates" in bindings
+    assert not [d for d in render("--set", "tls.mode=selfManaged", "--set", "rbac.create=false")
+                if d["kind"] in ("Role", "ClusterRole")]
+    assert not [d for d in render() if d["kind"] == "Role"], "other modes need no Secret access"
 
 
 def test_webhook_url_points_the_api_server_outside_the_cluster():
@@ -423,6 +481,7 @@ def test_values_schema_rejects_wrong_values(bad):
 
 def test_rbac_reads_csidrivers_and_storageclasses_only():
     docs = render()
+    assert not [d for d in docs if d["kind"] == "Role"]
     (role,) = by_kind(docs, "ClusterRole")
     assert role["rules"] == [{"apiGroups": ["storage.k8s.io"], "resources": ["csidrivers", "storageclasses"],
                               "verbs": ["get", "list", "watch"]}]

@@ -38,6 +38,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "evi.tlsSecretName" -}}
 {{- if eq .Values.tls.mode "existingSecret" -}}
 {{- required "tls.existingSecret is required when tls.mode is existingSecret" .Values.tls.existingSecret -}}
+{{- else if eq .Values.tls.mode "selfManaged" -}}
+{{- /* Another name than the helm mode's kubernetes.io/tls Secret: a Secret's type cannot change. */ -}}
+{{- printf "%s-certs" (include "evi.fullname" .) -}}
 {{- else -}}
 {{- printf "%s-tls" (include "evi.fullname" .) -}}
 {{- end -}}
@@ -142,4 +145,34 @@ matchExpressions:
   {{- with .Values.webhook.namespaceSelector.matchExpressions }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
+{{- end -}}
+
+{{/* "true" when the workload webhook (ValidatingWebhookConfiguration) is rendered. */}}
+{{- define "evi.workloadsWebhook" -}}
+{{- if and .Values.webhook.workloads.enabled (semverCompare ">=1.28-0" .Capabilities.KubeVersion.Version) }}true{{ end -}}
+{{- end -}}
+
+{{/*
+selfManaged mode: the serving certificate's names, comma-separated, the Service's first (the
+name the API server checks); with webhook.url, its host too.
+*/}}
+{{- define "evi.tlsNames" -}}
+{{- $fullname := include "evi.fullname" . -}}
+{{- $svc := printf "%s.%s.svc" $fullname .Release.Namespace -}}
+{{- $names := list $svc (printf "%s.cluster.local" $svc) $fullname (printf "%s.%s" $fullname .Release.Namespace) -}}
+{{- with .Values.webhook.url }}{{ $names = append $names ((urlParse .).host | splitList ":" | first) }}{{ end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/*
+selfManaged mode: the caBundle the webhook has set on this live configuration, so that a helm
+upgrade keeps it (never blanks it). `helm template` (Argo CD) looks nothing up and renders none.
+Called with (list $ kind name).
+*/}}
+{{- define "evi.liveCaBundle" -}}
+{{- $root := index . 0 -}}
+{{- $live := lookup "admissionregistration.k8s.io/v1" (index . 1) "" (index . 2) -}}
+{{- $bundle := "" -}}
+{{- if $live }}{{ range ($live.webhooks | default list) }}{{ if and (not $bundle) .clientConfig.caBundle }}{{ $bundle = .clientConfig.caBundle }}{{ end }}{{ end }}{{ end -}}
+{{- $bundle -}}
 {{- end -}}

@@ -603,7 +603,7 @@ mod tests {
     };
 
     fn names() -> Vec<String> {
-        vec!["evi.evi.svc".into(), "127.0.0.1".into()]
+        vec!["evi.evi.svc".into(), "127.0.0.1".into(), "evi".into()]
     }
 
     fn step(stored: Option<&Stored>, live: &[&Vec<u8>], now: i64) -> Option<(Step, Stored)> {
