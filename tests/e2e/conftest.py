@@ -215,13 +215,24 @@ class Release:
     def service_account_kubeconfig(self, server: str | None = None) -> Path:
         """A kubeconfig with a token of the chart's ServiceAccount: the webhook reads the cluster
         with exactly the permissions the chart grants it."""
-        token = self.cluster.kubectl("create", "token", self.fullname, "-n", RELEASE_NS).stdout.strip()
-        path = self.dir / "sa-kubeconfig"
-        path.write_text(f"""apiVersion: v1
+        return service_account_kubeconfig(self.cluster, RELEASE_NS, self.fullname, self.dir / "sa-kubeconfig", server)
+
+    def uninstall(self) -> None:
+        if self.webhook:
+            self.webhook.stop()
+        self.cluster.helm("uninstall", self.name, "-n", RELEASE_NS, "--wait=false", check=False)
+
+
+def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path: Path,
+                               server: str | None = None) -> Path:
+    """A kubeconfig with a token of that ServiceAccount."""
+    token = cluster.kubectl("create", "token", name, "-n", namespace).stdout.strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
 - name: c
-  cluster: {{server: "{server or self.cluster.cp.url}", certificate-authority: "{self.cluster.cp.pki.ca_crt}"}}
+  cluster: {{server: "{server or cluster.cp.url}", certificate-authority: "{cluster.cp.pki.ca_crt}"}}
 users:
 - name: u
   user: {{token: "{token}"}}
@@ -230,12 +241,38 @@ contexts:
   context: {{cluster: c, user: u}}
 current-context: c
 """)
-        return path
+    return path
 
-    def uninstall(self) -> None:
-        if self.webhook:
-            self.webhook.stop()
-        self.cluster.helm("uninstall", self.name, "-n", RELEASE_NS, "--wait=false", check=False)
+
+class SteadyCreator:
+    """Creates `pod` (one that asks for a volume) through the API server (server-side dry run)
+    at a steady rate in a thread, and counts the refused."""
+
+    def __init__(self, cluster, pod: dict, interval: float = 0.25):
+        import threading
+        self.cluster, self.pod, self.interval = cluster, pod, interval
+        self.sent = self.refused = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        pod = json.dumps(self.pod)
+        while not self._stop.is_set():
+            out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=pod, check=False)
+            self.sent += 1
+            if out.returncode != 0:
+                self.refused += 1
+                self.errors.append(out.stderr.strip()[:300])
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from conftest import BINARY, CHART, RELEASE_NS, ROOT, wait_for
+from conftest import BINARY, CHART, RELEASE_NS, ROOT, SteadyCreator, wait_for
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT, WEBHOOK_IMAGE, webhook_image
 
 P = "ephemeral-volumes.io"
@@ -262,37 +262,6 @@ def webhook_pods(cluster) -> list[dict]:
     return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/instance={RELEASE}")
 
 
-class SteadyCreator:
-    """Creates pods that ask for a volume through the API server (server-side dry run) at a
-    steady rate in a thread, and counts the refused."""
-
-    def __init__(self, cluster, interval: float = 0.25):
-        import threading
-        self.cluster, self.interval = cluster, interval
-        self.sent = self.refused = 0
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        pod = json.dumps(asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi"))
-        while not self._stop.is_set():
-            out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=pod, check=False)
-            self.sent += 1
-            if out.returncode != 0:
-                self.refused += 1
-                self.errors.append(out.stderr.strip()[:300])
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(30)
-
-
 def test_a_configuration_change_reaches_the_running_pods_through_the_kubelet(cluster, chart, tmp_path):
     """helm upgrade changes the ConfigMap; the kubelet updates the mounted file; the webhook
     reloads it. No pod restarts, and the lag is measured."""
@@ -316,7 +285,7 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
     """A new image tag rolls the Deployment (maxUnavailable 0) and a webhook pod is deleted,
     while pods that ask are created at a steady rate through the API server: none is refused."""
     node.ctr("images", "tag", WEBHOOK_IMAGE, WEBHOOK_IMAGE.replace(":e2e", ":e2e-2"))
-    with SteadyCreator(cluster) as load:
+    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
         time.sleep(2)
         cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "image.tag=e2e-2",
                      "--wait", "--timeout", "110s")
@@ -378,7 +347,7 @@ def test_a_certificate_rotated_in_the_secret_is_served_after_the_kubelets_update
     secret = cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)
     old_ca = base64.b64decode(secret["data"]["ca.crt"])
     bundle = base64.b64encode(old_ca + (tmp_path / "ca.crt").read_bytes()).decode()
-    with SteadyCreator(cluster) as load:
+    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
         # 1. The API server trusts both CAs.
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
             hooks = cluster.get(kind, FULL)["webhooks"]

@@ -525,7 +525,7 @@ pub fn plan(
             // Renew only if a new one would last longer (the CA bounds it): no write loop
             // near the CA's end while its rotation waits.
             let would_end = (now + policy.cert_lifetime).min(ca.not_after);
-            (would_end > not_after + 60).then_some("due for renewal")
+            (would_end > not_after).then_some("due for renewal")
         }
         Ok(_) => None,
     };
@@ -781,6 +781,27 @@ mod tests {
         assert_eq!(renewed.data[CA_CRT], stored.data[CA_CRT]);
         assert_ne!(renewed.data[TLS_CRT], stored.data[TLS_CRT]);
         assert!(accepts(&b, &leaf(&renewed), due));
+    }
+
+    #[test]
+    fn a_serving_certificate_bounded_by_its_ca_is_renewed_once_not_in_a_loop() {
+        // The CA rotation cannot proceed (no webhook configuration takes the next CA): the
+        // serving certificate is renewed up to the CA's end once, then left alone.
+        let (_, mut stored) = step(None, &[], T0).unwrap();
+        let b = bundle(&stored).unwrap();
+        let mut renewals = 0;
+        for now in (T0..T0 + POLICY.ca_lifetime).step_by(5) {
+            if let Some((s, next)) = step(Some(&stored), &[&b], now) {
+                renewals += usize::from(s.name() == "serving-renewed");
+                stored = next;
+            }
+        }
+        let ca_end = ca_not_after(&stored).unwrap();
+        assert_eq!(
+            serving(&stored, &names(), ca_end - 1).unwrap().not_after,
+            ca_end
+        );
+        assert!(renewals <= 4, "{renewals} renewals");
     }
 
     #[test]
