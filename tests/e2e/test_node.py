@@ -375,3 +375,36 @@ def test_a_certificate_rotated_in_the_secret_is_served_after_the_kubelets_update
     cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--force-conflicts")
     mwc = cluster.get("mutatingwebhookconfiguration", FULL)
     assert base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"]) == (tmp_path / "ca.crt").read_bytes()
+
+
+def test_upgrading_from_the_helm_mode_to_self_managed_tls_refuses_no_pod(cluster, chart, node):
+    """helm upgrade --set tls.mode=selfManaged: the new pods make their own CA and add it to
+    the caBundle beside the one the old pods' certificate comes from (kept for the overlap),
+    so that pods created through the rolling update are never refused."""
+    import base64
+    old_ca = base64.b64decode(cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)["data"]["ca.crt"])
+    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
+        time.sleep(2)
+        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "tls.mode=selfManaged",
+                     "--wait", "--timeout", "110s")
+        wait_for("two ready replicas of the new mode", lambda: sum(
+            1 for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
+            and "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"])
+            and all(c["ready"] for c in p["status"].get("containerStatuses", []))) == 2, timeout=120, interval=1)
+        time.sleep(3)
+    print(f"\nhelm mode -> selfManaged: {load.sent} pods sent, {load.refused} refused")
+    assert load.sent > 20 and load.refused == 0, load.errors[:3]
+    data = {k: base64.b64decode(v) for k, v in cluster.get("secret", f"{FULL}-certs", "-n", RELEASE_NS)["data"].items()}
+    bundle = data["ca-bundle.crt"]
+    assert data["ca.crt"] in bundle and old_ca.strip() in bundle, "the old CA is kept for the overlap"
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        for w in cluster.get(kind, FULL)["webhooks"]:
+            assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])
+    # Every pod serves the Secret's certificate, read through the API (no Secret volume).
+    import ssl
+    served_der = ssl.PEM_cert_to_DER_cert(data["tls.crt"].decode())
+    new_pods = [p for p in webhook_pods(cluster) if "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"])]
+    assert len(new_pods) == 2
+    for p in new_pods:
+        assert served_certificate(p["status"]["podIP"]) == served_der
+        assert all(v["name"] != "tls" for v in p["spec"]["volumes"])
