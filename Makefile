@@ -64,6 +64,8 @@ chart: build
 	  tests/data/*.yaml tests/golden/*/*.yaml
 	hadolint Dockerfile
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 charts/ephemeral-volume-injector
+	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 \
+	  --helm-set tls.mode=selfManaged --ignorefile charts/trivyignore-selfmanaged charts/ephemeral-volume-injector
 	dir="$$(mktemp -d)" && cp Dockerfile .dockerignore "$$dir/" && \
 	  trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 "$$dir"; \
 	  rc=$$?; rm -rf "$$dir"; exit $$rc

@@ -615,3 +615,77 @@ fn serve_refuses_to_start_when_the_checks_cannot_have_a_client() {
     assert_eq!(code, None, "serves with the checks off: {err}");
     assert!(err.contains("listening"), "{err}");
 }
+
+/// Self-managed TLS flags that cannot work stop `serve` at the start (exit 2), naming the flag.
+#[test]
+fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--tls-secret", "no-namespace", "--tls-name", "evi.evi.svc"],
+            "--tls-secret must be NAMESPACE/NAME",
+        ),
+        (&["--tls-secret", "evi/certs"], "--tls-name"),
+        (
+            &["--tls-secret", "evi/certs", "--tls-name", "not a name"],
+            "--tls-name \"not a name\"",
+        ),
+        (
+            &[
+                "--tls-secret",
+                "evi/certs",
+                "--tls-name",
+                "evi.evi.svc",
+                "--cert-lifetime",
+                "50h",
+                "--cert-renew-before",
+                "100h",
+            ],
+            "renewal threshold (360000s) must be positive and shorter than its lifetime (180000s)",
+        ),
+        (
+            &[
+                "--tls-secret",
+                "evi/certs",
+                "--tls-name",
+                "evi.evi.svc",
+                "--ca-lifetime",
+                "365d",
+            ],
+            "not a duration like 8760h",
+        ),
+        (
+            &["--tls-secret", "evi/certs", "--tls-name", "evi.evi.svc"],
+            "--tls-secret needs the API server",
+        ),
+        (
+            &[
+                "--tls-secret",
+                "evi/certs",
+                "--tls-name",
+                "evi.evi.svc",
+                "--tls-cert",
+                "a",
+                "--tls-key",
+                "b",
+            ],
+            "cannot be used with",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = bin()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(*args)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
