@@ -204,7 +204,7 @@ impl Default for Metrics {
         let tls_steps = Family::<StepLabel, Counter>::default();
         registry.register(
             "tls_steps",
-            "Self-managed TLS: changes this replica wrote to its Secret, by step (created, next-ca-added, next-ca-trusted, ca-switched, old-cas-removed, serving-renewed, bundle-repaired)",
+            "Self-managed TLS: changes this replica wrote to its Secret, by step (created, next-ca-added, next-ca-trusted, next-ca-untrusted, ca-switched, old-cas-removed, serving-renewed, bundle-repaired)",
             tls_steps.clone(),
         );
         let tls_errors = Family::<OperationLabel, Counter>::default();

@@ -397,6 +397,8 @@ fn log_step(ctx: &Ctx, step: &plan::Step) {
             tracing::info!(step = step.name(), %secret, settle_seconds = plan::SETTLE,
             "self-managed TLS: every webhook configuration holds the next CA; switching after the settle time")
         }
+        plan::Step::NextCaUntrusted => tracing::warn!(step = step.name(), %secret,
+            "self-managed TLS: a webhook configuration no longer holds the next CA; the switch waits until it does again"),
         plan::Step::CaSwitched => {
             tracing::info!(step = step.name(), %secret, overlap_seconds = ctx.settings.policy.overlap,
             "self-managed TLS: the serving certificate now comes from the next CA; the old CA stays trusted for the overlap")

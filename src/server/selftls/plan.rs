@@ -108,6 +108,8 @@ pub enum Step {
     NextCaAdded,
     /// Every webhook configuration holds the next CA.
     NextCaTrusted,
+    /// One no longer does: the settle time starts again when it does.
+    NextCaUntrusted,
     /// The next CA signs the serving certificate from now on.
     CaSwitched,
     /// The overlap has passed: CAs that no longer sign leave the bundle.
@@ -125,6 +127,7 @@ impl Step {
             Step::Created { .. } => "created",
             Step::NextCaAdded => "next-ca-added",
             Step::NextCaTrusted => "next-ca-trusted",
+            Step::NextCaUntrusted => "next-ca-untrusted",
             Step::CaSwitched => "ca-switched",
             Step::OldCasRemoved { .. } => "old-cas-removed",
             Step::ServingRenewed { .. } => "serving-renewed",
@@ -503,6 +506,12 @@ pub fn plan(
                     .insert(RETIRE_AFTER.into(), (now + policy.overlap).to_string());
                 return Ok(Some((Step::CaSwitched, next)));
             }
+            // A configuration lost the next CA after it was seen everywhere (a stale write, a
+            // sync): the settle time starts again once it is back.
+            Some(_) if !everywhere => {
+                next.annotations.remove(TRUSTED_SINCE);
+                return Ok(Some((Step::NextCaUntrusted, next)));
+            }
             // Not yet everywhere (the configurations are being patched), or settling.
             _ => {}
         }
@@ -749,10 +758,13 @@ mod tests {
             )),
             None
         );
-        // Something put the old bundle back meanwhile: no switch until it is set again.
+        // Something put the old bundle back meanwhile: no switch, and the settle time starts
+        // again once it is set again.
+        let (s, untrusted) = step(Some(&trusted), &[&old, &both], due + 31 + SETTLE).unwrap();
+        assert_eq!(s, Step::NextCaUntrusted);
         assert_eq!(
-            name(&step(Some(&trusted), &[&old, &both], due + 31 + SETTLE)),
-            None
+            name(&step(Some(&untrusted), &[&both, &both], due + 32 + SETTLE)),
+            Some("next-ca-trusted")
         );
         let (s, switched) = step(Some(&trusted), &[&both, &both], due + 31 + SETTLE).unwrap();
         assert_eq!(s, Step::CaSwitched);
