@@ -408,3 +408,9 @@ def test_upgrading_from_the_helm_mode_to_self_managed_tls_refuses_no_pod(cluster
     for p in new_pods:
         assert served_certificate(p["status"]["podIP"]) == served_der
         assert all(v["name"] != "tls" for v in p["spec"]["volumes"])
+    # The next helm upgrade renders the live caBundle back (lookup): no server-side apply
+    # conflict with the webhook's own writes, and the bundle unchanged.
+    cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--wait", "--timeout", "110s")
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        for w in cluster.get(kind, FULL)["webhooks"]:
+            assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])

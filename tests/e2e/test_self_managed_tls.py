@@ -339,3 +339,38 @@ def test_a_replica_without_access_keeps_its_certificate_and_one_without_any_is_n
         assert code == 503 and "no valid serving certificate" in body, (code, body)
     finally:
         rel.remove(text)
+
+
+def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(cluster, pods_ns, tmp_path):
+    """No kubelet volume in between: a serving certificate written into the Secret (here by
+    hand, from the same CA) is served as soon as the watch brings it."""
+    import subprocess
+    rel = Rendered(cluster, "watch", tmp_path, {})
+    text = rel.render()
+    rel.apply(text)
+    try:
+        (replica,) = rel.start(text)
+        stored = rel.secret()
+        (tmp_path / "ca.crt").write_bytes(stored["ca.crt"])
+        (tmp_path / "ca.key").write_bytes(stored["ca.key"])
+        names = next(a for a in replica.args if a.startswith("--tls-name=")).split("=", 1)[1].split(",")
+        sans = ",".join(f"IP:{n}" if re.fullmatch(r"[0-9.]+", n) else f"DNS:{n}" for n in names)
+        (tmp_path / "ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
+        run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={names[0]}",
+            "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.csr"))
+        run("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(tmp_path / "ca.crt"), "-CAkey",
+            str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "30", "-extfile", str(tmp_path / "ext"),
+            "-out", str(tmp_path / "tls.crt"))
+        new_der = ssl.PEM_cert_to_DER_cert((tmp_path / "tls.crt").read_text())
+        assert replica.served() != new_der
+        patch = {"data": {k: base64.b64encode((tmp_path / k).read_bytes()).decode() for k in ("tls.crt", "tls.key")}}
+        start = time.monotonic()
+        cluster.kubectl("patch", "secret", f"{rel.fullname}-certs", "-n", rel.ns, "--type=merge", "-p", json.dumps(patch))
+        wait_for("the stored certificate served", lambda: replica.served() == new_der, timeout=10, interval=0.05)
+        lag = time.monotonic() - start
+        print(f"\na certificate stored in the Secret was served after {lag:.2f} s")
+        assert lag < 5
+        assert rel.mutated()
+    finally:
+        rel.remove(text)

@@ -258,64 +258,74 @@ struct LiveWebhook {
     ca_bundle: Vec<u8>,
 }
 
-async fn read_live(ctx: &Ctx) -> Result<Vec<LiveWebhook>, ()> {
-    let mut out = Vec::new();
-    let hooks =
-        |kind: &'static str, configuration: &str, list: Vec<(String, Option<ByteString>)>| {
-            list.into_iter()
-                .enumerate()
-                .map(|(index, (name, ca))| LiveWebhook {
-                    kind,
-                    configuration: configuration.to_string(),
-                    index,
-                    name,
-                    ca_bundle: ca.map(|b| b.0).unwrap_or_default(),
-                })
-                .collect::<Vec<_>>()
-        };
-    for name in &ctx.settings.mutating {
-        let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-        match api.get_opt(name).await {
-            Ok(Some(c)) => out.extend(hooks(
-                "MutatingWebhookConfiguration",
-                name,
-                c.webhooks
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|w| (w.name, w.client_config.ca_bundle))
-                    .collect(),
-            )),
-            Ok(None) => ctx.error(
+/// The two kinds of webhook configuration, as this module reads and patches them.
+trait Configuration:
+    kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + serde::Serialize
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: &'static str;
+    /// Each webhook's name and caBundle, in order.
+    fn hooks(self) -> Vec<(String, Option<ByteString>)>;
+}
+
+impl Configuration for MutatingWebhookConfiguration {
+    const KIND: &'static str = "MutatingWebhookConfiguration";
+    fn hooks(self) -> Vec<(String, Option<ByteString>)> {
+        let hooks = self.webhooks.unwrap_or_default().into_iter();
+        hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
+    }
+}
+
+impl Configuration for ValidatingWebhookConfiguration {
+    const KIND: &'static str = "ValidatingWebhookConfiguration";
+    fn hooks(self) -> Vec<(String, Option<ByteString>)> {
+        let hooks = self.webhooks.unwrap_or_default().into_iter();
+        hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
+    }
+}
+
+/// The webhooks of one configuration; a missing configuration is counted and has none.
+async fn read_one<K: Configuration>(ctx: &Ctx, name: &str) -> Result<Vec<LiveWebhook>, ()> {
+    match Api::<K>::all(ctx.client.clone()).get_opt(name).await {
+        Ok(Some(c)) => Ok(c
+            .hooks()
+            .into_iter()
+            .enumerate()
+            .map(|(index, (hook, ca))| LiveWebhook {
+                kind: K::KIND,
+                configuration: name.to_string(),
+                index,
+                name: hook,
+                ca_bundle: ca.map(|b| b.0).unwrap_or_default(),
+            })
+            .collect()),
+        Ok(None) => {
+            ctx.error(
                 "read-webhook-configuration",
-                &format!("MutatingWebhookConfiguration {name} does not exist"),
-            ),
-            Err(e) => {
-                ctx.error("read-webhook-configuration", &e);
-                return Err(());
-            }
+                &format!("{} {name} does not exist", K::KIND),
+            );
+            Ok(Vec::new())
+        }
+        Err(e) => {
+            ctx.error("read-webhook-configuration", &e);
+            Err(())
         }
     }
+}
+
+async fn read_live(ctx: &Ctx) -> Result<Vec<LiveWebhook>, ()> {
+    let mut out = Vec::new();
+    for name in &ctx.settings.mutating {
+        out.extend(read_one::<MutatingWebhookConfiguration>(ctx, name).await?);
+    }
     for name in &ctx.settings.validating {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(ctx.client.clone());
-        match api.get_opt(name).await {
-            Ok(Some(c)) => out.extend(hooks(
-                "ValidatingWebhookConfiguration",
-                name,
-                c.webhooks
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|w| (w.name, w.client_config.ca_bundle))
-                    .collect(),
-            )),
-            Ok(None) => ctx.error(
-                "read-webhook-configuration",
-                &format!("ValidatingWebhookConfiguration {name} does not exist"),
-            ),
-            Err(e) => {
-                ctx.error("read-webhook-configuration", &e);
-                return Err(());
-            }
-        }
+        out.extend(read_one::<ValidatingWebhookConfiguration>(ctx, name).await?);
     }
     Ok(out)
 }
@@ -534,18 +544,10 @@ async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(
                 return Err(());
             }
         };
-        let params = PatchParams::default();
-        let result = match w.kind {
-            "MutatingWebhookConfiguration" => {
-                Api::<MutatingWebhookConfiguration>::all(ctx.client.clone())
-                    .patch(&w.configuration, &params, &Patch::Json::<()>(patch))
-                    .await
-                    .map(|_| ())
-            }
-            _ => Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone())
-                .patch(&w.configuration, &params, &Patch::Json::<()>(patch))
-                .await
-                .map(|_| ()),
+        let result = if w.kind == MutatingWebhookConfiguration::KIND {
+            patch_one::<MutatingWebhookConfiguration>(ctx, &w.configuration, patch).await
+        } else {
+            patch_one::<ValidatingWebhookConfiguration>(ctx, &w.configuration, patch).await
         };
         match result {
             Ok(()) => {
@@ -565,4 +567,15 @@ async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(
         }
     }
     if failed { Err(()) } else { Ok(()) }
+}
+
+async fn patch_one<K: Configuration>(
+    ctx: &Ctx,
+    name: &str,
+    patch: json_patch::Patch,
+) -> Result<(), kube::Error> {
+    Api::<K>::all(ctx.client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map(|_| ())
 }
