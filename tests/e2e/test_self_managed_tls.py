@@ -343,7 +343,8 @@ def test_a_replica_without_access_keeps_its_certificate_and_one_without_any_is_n
 
 def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(cluster, pods_ns, tmp_path):
     """No kubelet volume in between: a serving certificate written into the Secret (here by
-    hand, from the same CA) is served as soon as the watch brings it."""
+    hand, from the same CA, with more time left than the renewal threshold) is served as soon as
+    the watch brings it, and kept."""
     import subprocess
     rel = Rendered(cluster, "watch", tmp_path, {})
     text = rel.render()
@@ -360,7 +361,7 @@ def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(
         run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={names[0]}",
             "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.csr"))
         run("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(tmp_path / "ca.crt"), "-CAkey",
-            str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "30", "-extfile", str(tmp_path / "ext"),
+            str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "80", "-extfile", str(tmp_path / "ext"),
             "-out", str(tmp_path / "tls.crt"))
         new_der = ssl.PEM_cert_to_DER_cert((tmp_path / "tls.crt").read_text())
         assert replica.served() != new_der
@@ -371,6 +372,8 @@ def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(
         lag = time.monotonic() - start
         print(f"\na certificate stored in the Secret was served after {lag:.2f} s")
         assert lag < 5
+        time.sleep(1)
+        assert replica.served() == new_der and replica.steps() == ["created"], replica.steps()
         assert rel.mutated()
     finally:
         rel.remove(text)
