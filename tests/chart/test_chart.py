@@ -88,9 +88,10 @@ MODES = [
 def test_helm_lint_strict():
     p = subprocess.run([HELM, "lint", "--strict", str(CHART)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
-    p = subprocess.run([HELM, "lint", "--strict", str(CHART), "--set", "tls.mode=certManager"],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout + p.stderr
+    for mode in ("certManager", "selfManaged"):
+        p = subprocess.run([HELM, "lint", "--strict", str(CHART), "--set", f"tls.mode={mode}"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("kube_version", ["1.27.0", "1.29.0", "1.33.0", "1.37.0"])
