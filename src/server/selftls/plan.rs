@@ -19,7 +19,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SerialNumber,
+    KeyUsagePurpose,
 };
 use rustls::{
     RootCertStore,
@@ -252,6 +252,17 @@ fn verify(leaf: &CertificateDer<'_>, bundle: &[u8], name: &str, now: i64) -> Res
 
 /// The serving certificate to use from `stored`, checked (see [`Serving`]).
 pub fn serving(stored: &Stored, names: &[String], now: i64) -> Result<Serving, CertError> {
+    let bundle = stored.data.get(BUNDLE).map(Vec::as_slice).unwrap_or(&[]);
+    serving_against(stored, bundle, names, now)
+}
+
+/// The stored serving certificate, checked against `bundle`.
+fn serving_against(
+    stored: &Stored,
+    bundle: &[u8],
+    names: &[String],
+    now: i64,
+) -> Result<Serving, CertError> {
     let what = "serving certificate";
     let cert_pem = stored
         .data
@@ -267,7 +278,6 @@ pub fn serving(stored: &Stored, names: &[String], now: i64) -> Result<Serving, C
         .cert
         .first()
         .ok_or_else(|| unusable(what, "empty"))?;
-    let bundle = stored.data.get(BUNDLE).map(Vec::as_slice).unwrap_or(&[]);
     for name in names {
         verify(leaf, bundle, name, now)?;
     }
@@ -293,25 +303,6 @@ fn time_annotation(stored: &Stored, key: &str) -> Option<i64> {
     stored.annotations.get(key)?.parse().ok()
 }
 
-fn random_serial() -> SerialNumber {
-    let mut bytes = [0u8; 16];
-    // A failed random source leaves zeros; the time below still tells serials apart.
-    let _ = default_provider().secure_random.fill(&mut bytes);
-    bytes[0] &= 0x7f; // positive
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    for (b, t) in bytes
-        .iter_mut()
-        .skip(8)
-        .zip(nanos.to_be_bytes().iter().skip(8))
-    {
-        *b ^= t;
-    }
-    SerialNumber::from(bytes.to_vec())
-}
-
 fn at(unix: i64) -> Result<time::OffsetDateTime, CertError> {
     time::OffsetDateTime::from_unix_timestamp(unix).map_err(|e| unusable("time", e))
 }
@@ -329,7 +320,6 @@ fn new_ca(now: i64, lifetime: i64, name: &str) -> Result<Ca, CertError> {
     ];
     params.not_before = at(now - BACKDATE)?;
     params.not_after = at(now + lifetime)?;
-    params.serial_number = Some(random_serial());
     let cert = params.self_signed(&key)?;
     Ok(Ca {
         pem: cert.pem(),
@@ -361,7 +351,6 @@ fn new_serving(
     params.use_authority_key_identifier_extension = true;
     params.not_before = at(now - BACKDATE)?;
     params.not_after = at((now + lifetime).min(ca.not_after))?;
-    params.serial_number = Some(random_serial());
     let cert = params.signed_by(&key, &issuer)?;
     Ok((cert.pem(), key.serialize_pem()))
 }
@@ -554,46 +543,33 @@ fn serving_state(
     names: &[String],
     now: i64,
 ) -> Result<i64, &'static str> {
-    let ca_only = Stored {
-        data: BTreeMap::from([
-            (
-                TLS_CRT.into(),
-                stored.data.get(TLS_CRT).cloned().unwrap_or_default(),
-            ),
-            (
-                TLS_KEY.into(),
-                stored.data.get(TLS_KEY).cloned().unwrap_or_default(),
-            ),
-            (BUNDLE.into(), ca.pem.clone().into_bytes()),
-        ]),
-        annotations: BTreeMap::new(),
-    };
-    serving(&ca_only, names, now)
+    serving_against(stored, ca.pem.as_bytes(), names, now)
         .map(|s| s.not_after)
         .map_err(|_| "absent, unusable, not from the CA or not for these names")
 }
 
+/// The expiry of the first certificate under `key`, if it parses.
+fn not_after(stored: &Stored, key: &str) -> Option<i64> {
+    let der = parse_certs(stored.data.get(key)?).into_iter().next()?;
+    validity(&der).map(|(_, not_after, _)| not_after)
+}
+
 /// The signing CA's expiry, if it parses.
 pub fn ca_not_after(stored: &Stored) -> Option<i64> {
-    let der = parse_certs(stored.data.get(CA_CRT)?).into_iter().next()?;
-    validity(&der).map(|(_, not_after, _)| not_after)
+    not_after(stored, CA_CRT)
 }
 
 /// The next time [`plan`] has something to do on its own (a renewal, the settle time, the
 /// end of the overlap), if any is ahead of `now`; changes to the webhook configurations wake
 /// the loop besides.
 pub fn deadline(stored: &Stored, policy: &Policy, now: i64) -> Option<i64> {
-    let expiry = |key: &str| {
-        let der = parse_certs(stored.data.get(key)?).into_iter().next()?;
-        validity(&der).map(|(_, not_after, _)| not_after)
-    };
     let mut times = vec![
-        expiry(TLS_CRT).map(|t| t - policy.cert_renew_before),
+        not_after(stored, TLS_CRT).map(|t| t - policy.cert_renew_before),
         time_annotation(stored, RETIRE_AFTER),
         time_annotation(stored, TRUSTED_SINCE).map(|t| t + SETTLE),
     ];
     if !stored.data.contains_key(NEXT_CRT) {
-        times.push(expiry(CA_CRT).map(|t| t - policy.ca_renew_before));
+        times.push(not_after(stored, CA_CRT).map(|t| t - policy.ca_renew_before));
     }
     times.into_iter().flatten().filter(|t| *t > now).min()
 }
