@@ -14,6 +14,19 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ephemeral-volume-injector"))
 }
 
+/// `serve` on loopback ports the kernel picks.
+fn serve_on_loopback() -> Command {
+    let mut c = bin();
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    c
+}
+
 /// The input of a golden case.
 fn golden_input(case: &str, ext: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -563,17 +576,8 @@ fn serve_refuses_to_start_when_the_checks_cannot_have_a_client() {
     let serve = |checks: &str| {
         let config = d.join(format!("{checks}.yaml"));
         std::fs::write(&config, format!("clusterChecks: {checks}\n")).unwrap();
-        let mut child = bin()
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--log-format",
-                "text",
-                "--ca-out",
-            ])
+        let mut child = serve_on_loopback()
+            .args(["--log-format", "text", "--ca-out"])
             .arg(d.join("out-ca.crt"))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -672,14 +676,7 @@ fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
         ),
     ];
     for (args, want) in cases {
-        let out = bin()
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-            ])
+        let out = serve_on_loopback()
             .args(*args)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .output()

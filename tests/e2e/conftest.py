@@ -244,6 +244,16 @@ current-context: c
     return path
 
 
+def served_certificate(host: str, port: int = 8443) -> bytes:
+    """The certificate a webhook serves (DER), read over TLS without verifying it."""
+    import socket
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((host, port), timeout=5) as sock, ctx.wrap_socket(sock) as tls:
+        return tls.getpeercert(binary_form=True)
+
+
 class SteadyCreator:
     """Creates `pod` (one that asks for a volume) through the API server (server-side dry run)
     at a steady rate in a thread, and counts the refused."""

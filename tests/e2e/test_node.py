@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from conftest import BINARY, CHART, RELEASE_NS, ROOT, SteadyCreator, wait_for
+from conftest import BINARY, CHART, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT, WEBHOOK_IMAGE, webhook_image
 
 P = "ephemeral-volumes.io"
@@ -314,16 +314,6 @@ def test_scaled_to_zero_only_pods_that_ask_are_refused(cluster, chart):
     finally:
         cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
         cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
-
-
-def served_certificate(ip: str, port: int = 8443) -> bytes:
-    """The certificate a webhook pod serves (DER), read over TLS without verifying it."""
-    import socket
-    import ssl
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    with socket.create_connection((ip, port), timeout=5) as sock, ctx.wrap_socket(sock) as tls:
-        return tls.getpeercert(binary_form=True)
 
 
 def test_a_certificate_rotated_in_the_secret_is_served_after_the_kubelets_update(cluster, chart, tmp_path):

@@ -7,6 +7,7 @@ caBundle they set themselves."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import ssl
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import (BINARY, CHART, Cluster, SteadyCreator, Webhook, free_port, pod,
+from conftest import (BINARY, CHART, Cluster, SteadyCreator, Webhook, free_port, pod, served_certificate,
                       service_account_kubeconfig, start_process, wait_for)
 
 PODS_NS = "tls-pods"
@@ -45,12 +46,7 @@ class SelfManaged(Webhook):
         return self
 
     def served(self) -> bytes:
-        """The certificate served (DER), read without verifying it."""
-        import socket
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s, ctx.wrap_socket(s) as t:
-            return t.getpeercert(binary_form=True)
+        return served_certificate("127.0.0.1", self.port)
 
     def steps(self) -> list[str]:
         return [e["step"] for e in self.log() if "step" in e and e.get("message", "").startswith("self-managed TLS")]
@@ -133,6 +129,18 @@ class Rendered:
                              check=False)
 
 
+@contextlib.contextmanager
+def applied(cluster: Cluster, name: str, workdir: Path, values: dict):
+    """A release rendered and applied; its replicas stopped and its objects deleted after."""
+    rel = Rendered(cluster, name, workdir, values)
+    text = rel.render()
+    rel.apply(text)
+    try:
+        yield rel, text
+    finally:
+        rel.remove(text)
+
+
 def der_certs(pem: bytes) -> list[bytes]:
     return [ssl.PEM_cert_to_DER_cert(m.decode()) for m in
             re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n?", pem, re.S)]
@@ -163,11 +171,9 @@ def pods_ns(cluster):
 
 
 def test_applied_twice_as_argo_cd_does_the_ca_bundle_never_changes_and_no_pod_is_refused(cluster, pods_ns, tmp_path):
-    rel = Rendered(cluster, "gitops", tmp_path, {})
-    first, second = rel.render(), rel.render()
-    assert first == second, "two renders differ"
-    rel.apply(first)
-    try:
+    with applied(cluster, "gitops", tmp_path, {}) as (rel, first):
+        second = rel.render()
+        assert first == second, "two renders differ"
         (replica,) = rel.start(first)
         wait_for("the caBundle set by the webhook", lambda: all(rel.ca_bundles()), timeout=20)
         bundle = rel.ca_bundles()
@@ -190,15 +196,10 @@ def test_applied_twice_as_argo_cd_does_the_ca_bundle_never_changes_and_no_pod_is
         assert load.sent > 10 and load.refused == 0, load.errors[:3]
         assert rel.secret() == stored, "the applies changed the Secret's data"
         assert replica.steps() == ["created"], replica.steps()
-    finally:
-        rel.remove(first)
 
 
 def test_three_replicas_started_at_once_on_an_empty_secret_make_one_ca(cluster, pods_ns, tmp_path):
-    rel = Rendered(cluster, "three", tmp_path, {})
-    text = rel.render()
-    rel.apply(text)
-    try:
+    with applied(cluster, "three", tmp_path, {}) as (rel, text):
         replicas = rel.start(text, n=3)
         stored = rel.secret()
         assert len(der_certs(stored["ca.crt"])) == 1
@@ -209,15 +210,10 @@ def test_three_replicas_started_at_once_on_an_empty_secret_make_one_ca(cluster, 
         assert created == 1, f"{created} replicas wrote a CA"
         wait_for("the caBundle set", lambda: all(b == stored["ca-bundle.crt"] for b in rel.ca_bundles()), timeout=20)
         assert rel.mutated()
-    finally:
-        rel.remove(text)
 
 
 def test_a_blanked_or_replaced_ca_bundle_is_put_back_within_seconds(cluster, pods_ns, tmp_path):
-    rel = Rendered(cluster, "restore", tmp_path, {})
-    text = rel.render()
-    rel.apply(text)
-    try:
+    with applied(cluster, "restore", tmp_path, {}) as (rel, text):
         (replica,) = rel.start(text)
         wait_for("the caBundle set", lambda: all(rel.ca_bundles()), timeout=20)
         good = rel.ca_bundles()
@@ -241,19 +237,14 @@ def test_a_blanked_or_replaced_ca_bundle_is_put_back_within_seconds(cluster, pod
             assert lag < 10
             assert rel.mutated()
         assert replica.metric("evi_ca_bundle_patches_total") >= 4  # two webhooks, twice
-    finally:
-        rel.remove(text)
 
 
 def test_a_ca_rotation_with_short_lifetimes_refuses_no_pod(cluster, pods_ns, tmp_path):
     """Lifetimes in seconds, set as chart values: the serving certificate is renewed, a next CA
     is trusted, switched to, and the old one removed, while pods are created at a steady rate."""
-    rel = Rendered(cluster, "rotate", tmp_path, {"tls": {"selfManaged": {
+    with applied(cluster, "rotate", tmp_path, {"tls": {"selfManaged": {
         "caLifetime": "60s", "caRenewBefore": "40s", "certLifetime": "30s", "certRenewBefore": "15s",
-        "caOverlap": "8s"}}})
-    text = rel.render()
-    rel.apply(text)
-    try:
+        "caOverlap": "8s"}}}) as (rel, text):
         replicas = rel.start(text, n=2)
         wait_for("the caBundle set", lambda: all(rel.ca_bundles()), timeout=20)
         first_ca = rel.secret()["ca.crt"]
@@ -278,15 +269,10 @@ def test_a_ca_rotation_with_short_lifetimes_refuses_no_pod(cluster, pods_ns, tmp
             assert issued_by(r.served(), stored["ca.crt"], tmp_path)
             assert 0 < r.metric("evi_certificate_expiry_seconds", certificate="ca") <= 60
             assert 0 < r.metric("evi_certificate_expiry_seconds", certificate="serving") <= 30
-    finally:
-        rel.remove(text)
 
 
 def test_rbac_limits_the_service_account_to_its_own_secret_and_configurations(cluster, pods_ns, tmp_path):
-    rel = Rendered(cluster, "rbac", tmp_path, {})
-    text = rel.render()
-    rel.apply(text)
-    try:
+    with applied(cluster, "rbac", tmp_path, {}) as (rel, text):
         who = f"system:serviceaccount:{rel.ns}:{rel.fullname}"
         cluster.kubectl("create", "secret", "generic", "someone-elses", "-n", rel.ns, "--from-literal=k=v")
 
@@ -307,15 +293,10 @@ def test_rbac_limits_the_service_account_to_its_own_secret_and_configurations(cl
         kc = service_account_kubeconfig(cluster, rel.ns, rel.fullname, tmp_path / "kc")
         out = cluster.kubectl("--kubeconfig", kc, "get", "secret", "someone-elses", "-n", rel.ns, check=False)
         assert out.returncode != 0 and "forbidden" in out.stderr.lower(), out.stderr
-    finally:
-        rel.remove(text)
 
 
 def test_a_replica_without_access_keeps_its_certificate_and_one_without_any_is_not_ready(cluster, pods_ns, tmp_path):
-    rel = Rendered(cluster, "failsafe", tmp_path, {})
-    text = rel.render()
-    rel.apply(text)
-    try:
+    with applied(cluster, "failsafe", tmp_path, {}) as (rel, text):
         (replica,) = rel.start(text)
         wait_for("the caBundle set", lambda: all(rel.ca_bundles()), timeout=20)
         served = replica.served()
@@ -337,8 +318,6 @@ def test_a_replica_without_access_keeps_its_certificate_and_one_without_any_is_n
                  timeout=30)
         code, body = blind.admin("/readyz")
         assert code == 503 and "no valid serving certificate" in body, (code, body)
-    finally:
-        rel.remove(text)
 
 
 def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(cluster, pods_ns, tmp_path):
@@ -346,10 +325,7 @@ def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(
     hand, from the same CA, with more time left than the renewal threshold) is served as soon as
     the watch brings it, and kept."""
     import subprocess
-    rel = Rendered(cluster, "watch", tmp_path, {})
-    text = rel.render()
-    rel.apply(text)
-    try:
+    with applied(cluster, "watch", tmp_path, {}) as (rel, text):
         (replica,) = rel.start(text)
         stored = rel.secret()
         (tmp_path / "ca.crt").write_bytes(stored["ca.crt"])
@@ -375,5 +351,3 @@ def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(
         time.sleep(1)
         assert replica.served() == new_der and replica.steps() == ["created"], replica.steps()
         assert rel.mutated()
-    finally:
-        rel.remove(text)
