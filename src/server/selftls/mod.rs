@@ -122,6 +122,9 @@ fn unix_now() -> i64 {
         .unwrap_or_default()
 }
 
+/// A failure already counted and logged (by [`Ctx::error`]): the caller only backs off.
+struct Reported;
+
 struct Ctx {
     client: Client,
     settings: Settings,
@@ -134,7 +137,7 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn error(&self, operation: &'static str, error: &dyn std::fmt::Display) {
+    fn error(&self, operation: &'static str, error: &dyn std::fmt::Display) -> Reported {
         self.state
             .metrics
             .tls_errors
@@ -142,6 +145,7 @@ impl Ctx {
             .inc();
         tracing::warn!(operation, error = %error, secret = %format!("{}/{}", self.settings.namespace, self.settings.name),
             "self-managed TLS: failed; the certificate in use stays in use, retrying");
+        Reported
     }
 }
 
@@ -186,7 +190,9 @@ async fn watch_secret(ctx: Arc<Ctx>, api: Api<Secret>, config: watcher::Config) 
             }
             Ok(watcher::Event::Delete(_) | watcher::Event::InitDone) => ctx.wake.notify_one(),
             Ok(watcher::Event::Init) => {}
-            Err(e) => ctx.error("watch", &e),
+            Err(e) => {
+                ctx.error("watch", &e);
+            }
         }
     }
 }
@@ -204,7 +210,9 @@ where
                 ctx.wake.notify_one()
             }
             Ok(_) => {}
-            Err(e) => ctx.error("watch", &e),
+            Err(e) => {
+                ctx.error("watch", &e);
+            }
         }
     }
 }
@@ -217,7 +225,7 @@ async fn run(ctx: Arc<Ctx>) {
                 backoff = Duration::from_secs(1);
                 wait
             }
-            Err(()) => {
+            Err(Reported) => {
                 let wait = backoff;
                 backoff = (backoff * 2).min(Duration::from_secs(30));
                 wait
@@ -249,9 +257,25 @@ fn stored_of(secret: &Secret) -> Stored {
     Stored { data, annotations }
 }
 
+/// The two kinds of webhook configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Mutating,
+    Validating,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Mutating => "MutatingWebhookConfiguration",
+            Kind::Validating => "ValidatingWebhookConfiguration",
+        }
+    }
+}
+
 /// One webhook of a configuration, as read: its name and caBundle.
 struct LiveWebhook {
-    kind: &'static str,
+    kind: Kind,
     configuration: String,
     index: usize,
     name: String,
@@ -269,13 +293,13 @@ trait Configuration:
     + Sync
     + 'static
 {
-    const KIND: &'static str;
+    const KIND: Kind;
     /// Each webhook's name and caBundle, in order.
     fn hooks(self) -> Vec<(String, Option<ByteString>)>;
 }
 
 impl Configuration for MutatingWebhookConfiguration {
-    const KIND: &'static str = "MutatingWebhookConfiguration";
+    const KIND: Kind = Kind::Mutating;
     fn hooks(self) -> Vec<(String, Option<ByteString>)> {
         let hooks = self.webhooks.unwrap_or_default().into_iter();
         hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
@@ -283,7 +307,7 @@ impl Configuration for MutatingWebhookConfiguration {
 }
 
 impl Configuration for ValidatingWebhookConfiguration {
-    const KIND: &'static str = "ValidatingWebhookConfiguration";
+    const KIND: Kind = Kind::Validating;
     fn hooks(self) -> Vec<(String, Option<ByteString>)> {
         let hooks = self.webhooks.unwrap_or_default().into_iter();
         hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
@@ -291,7 +315,7 @@ impl Configuration for ValidatingWebhookConfiguration {
 }
 
 /// The webhooks of one configuration; a missing configuration is counted and has none.
-async fn read_one<K: Configuration>(ctx: &Ctx, name: &str) -> Result<Vec<LiveWebhook>, ()> {
+async fn read_one<K: Configuration>(ctx: &Ctx, name: &str) -> Result<Vec<LiveWebhook>, Reported> {
     match Api::<K>::all(ctx.client.clone()).get_opt(name).await {
         Ok(Some(c)) => Ok(c
             .hooks()
@@ -308,18 +332,15 @@ async fn read_one<K: Configuration>(ctx: &Ctx, name: &str) -> Result<Vec<LiveWeb
         Ok(None) => {
             ctx.error(
                 "read-webhook-configuration",
-                &format!("{} {name} does not exist", K::KIND),
+                &format!("{} {name} does not exist", K::KIND.name()),
             );
             Ok(Vec::new())
         }
-        Err(e) => {
-            ctx.error("read-webhook-configuration", &e);
-            Err(())
-        }
+        Err(e) => Err(ctx.error("read-webhook-configuration", &e)),
     }
 }
 
-async fn read_live(ctx: &Ctx) -> Result<Vec<LiveWebhook>, ()> {
+async fn read_live(ctx: &Ctx) -> Result<Vec<LiveWebhook>, Reported> {
     let mut out = Vec::new();
     for name in &ctx.settings.mutating {
         out.extend(read_one::<MutatingWebhookConfiguration>(ctx, name).await?);
@@ -338,7 +359,7 @@ fn ca_name(settings: &Settings) -> String {
 }
 
 /// One look: decide, write, serve, set the caBundles. Returns how long until the next look.
-async fn reconcile(ctx: &Ctx) -> Result<Duration, ()> {
+async fn reconcile(ctx: &Ctx) -> Result<Duration, Reported> {
     let now = unix_now();
     let s = &ctx.settings;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &s.namespace);
@@ -373,10 +394,7 @@ async fn reconcile(ctx: &Ctx) -> Result<Duration, ()> {
                 );
                 return Ok(Duration::from_millis(200));
             }
-            Err(WriteError::Other(e)) => {
-                ctx.error("write-secret", &e);
-                return Err(());
-            }
+            Err(WriteError::Other(e)) => return Err(ctx.error("write-secret", &e)),
         },
     };
     serve(ctx, &current, now);
@@ -529,25 +547,25 @@ fn check_expiry(ctx: &Ctx, now: i64) {
 
 /// Sets every webhook's caBundle that differs from `bundle`. The JSON patch tests the webhook's
 /// name at its index, so that a configuration changed in between is read again, not clobbered.
-async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(), ()> {
+async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(), Reported> {
     use base64::Engine as _;
     let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
-    let mut failed = false;
+    let mut failed = None;
     for w in live.iter().filter(|w| w.ca_bundle != bundle) {
         let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
             {"op": "test", "path": format!("/webhooks/{}/name", w.index), "value": w.name},
             {"op": "add", "path": format!("/webhooks/{}/clientConfig/caBundle", w.index), "value": encoded},
         ])) {
             Ok(p) => p,
-            Err(e) => {
-                ctx.error("patch-webhook-configuration", &e);
-                return Err(());
-            }
+            Err(e) => return Err(ctx.error("patch-webhook-configuration", &e)),
         };
-        let result = if w.kind == MutatingWebhookConfiguration::KIND {
-            patch_one::<MutatingWebhookConfiguration>(ctx, &w.configuration, patch).await
-        } else {
-            patch_one::<ValidatingWebhookConfiguration>(ctx, &w.configuration, patch).await
+        let result = match w.kind {
+            Kind::Mutating => {
+                patch_one::<MutatingWebhookConfiguration>(ctx, &w.configuration, patch).await
+            }
+            Kind::Validating => {
+                patch_one::<ValidatingWebhookConfiguration>(ctx, &w.configuration, patch).await
+            }
         };
         match result {
             Ok(()) => {
@@ -557,16 +575,13 @@ async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(
                 } else {
                     "different"
                 };
-                tracing::info!(kind = w.kind, configuration = %w.configuration, webhook = %w.name, was,
+                tracing::info!(kind = w.kind.name(), configuration = %w.configuration, webhook = %w.name, was,
                     "self-managed TLS: caBundle set to the stored CA bundle");
             }
-            Err(e) => {
-                ctx.error("patch-webhook-configuration", &e);
-                failed = true;
-            }
+            Err(e) => failed = Some(ctx.error("patch-webhook-configuration", &e)),
         }
     }
-    if failed { Err(()) } else { Ok(()) }
+    failed.map_or(Ok(()), Err)
 }
 
 async fn patch_one<K: Configuration>(
