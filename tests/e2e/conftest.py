@@ -263,6 +263,7 @@ class SteadyCreator:
         self.cluster, self.pod, self.interval = cluster, pod, interval
         self.sent = self.refused = 0
         self.errors: list[str] = []
+        self.times: list[float] = []  # when each request was answered (time.monotonic())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -271,10 +272,20 @@ class SteadyCreator:
         while not self._stop.is_set():
             out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=pod, check=False)
             self.sent += 1
+            self.times.append(time.monotonic())
             if out.returncode != 0:
                 self.refused += 1
                 self.errors.append(out.stderr.strip()[:300])
             self._stop.wait(self.interval)
+
+    def wait_sent(self, count: int, timeout: float = 60):
+        """Waits until `count` requests in all have been answered (the load runs around a step
+        for as many requests as asked, however fast the machine)."""
+        wait_for(f"{count} pods sent", lambda: self.sent >= count, timeout=timeout, interval=0.1)
+
+    def sent_between(self, start: float, end: float) -> int:
+        """How many requests were answered between two time.monotonic() readings."""
+        return sum(1 for t in self.times if start <= t <= end)
 
     def __enter__(self):
         self._thread.start()

@@ -286,7 +286,8 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
     while pods that ask are created at a steady rate through the API server: none is refused."""
     node.ctr("images", "tag", WEBHOOK_IMAGE, WEBHOOK_IMAGE.replace(":e2e", ":e2e-2"))
     with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        time.sleep(2)
+        load.wait_sent(5)
+        start = time.monotonic()
         cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "image.tag=e2e-2",
                      "--wait", "--timeout", "110s")
         victim = webhook_pods(cluster)[0]["metadata"]["name"]
@@ -294,9 +295,12 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
         wait_for("two ready replicas again", lambda: sum(
             1 for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
             and all(c["ready"] for c in p["status"].get("containerStatuses", []))) == 2, timeout=120, interval=1)
-        time.sleep(2)
-    print(f"\nrolling update + deleted pod: {load.sent} pods sent, {load.refused} refused")
-    assert load.sent > 20, load.sent
+        during = load.sent_between(start, time.monotonic())
+        load.wait_sent(load.sent + 5)
+    print(f"\nrolling update + deleted pod: {load.sent} pods sent, {during} of them during the update, "
+          f"{load.refused} refused")
+    # A pod every ~0.5 s: the update and the deletion (seconds each) are sampled many times.
+    assert during >= 3, during
     assert load.refused == 0, load.errors[:3]
     images = {p["spec"]["containers"][0]["image"] for p in webhook_pods(cluster)}
     assert images == {WEBHOOK_IMAGE.replace(":e2e", ":e2e-2")}, images
@@ -374,16 +378,20 @@ def test_upgrading_from_the_helm_mode_to_self_managed_tls_refuses_no_pod(cluster
     import base64
     old_ca = base64.b64decode(cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)["data"]["ca.crt"])
     with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        time.sleep(2)
+        load.wait_sent(5)
+        start = time.monotonic()
         cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "tls.mode=selfManaged",
                      "--wait", "--timeout", "110s")
         wait_for("two ready replicas of the new mode", lambda: sum(
             1 for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
             and "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"])
             and all(c["ready"] for c in p["status"].get("containerStatuses", []))) == 2, timeout=120, interval=1)
-        time.sleep(3)
-    print(f"\nhelm mode -> selfManaged: {load.sent} pods sent, {load.refused} refused")
-    assert load.sent > 20 and load.refused == 0, load.errors[:3]
+        during = load.sent_between(start, time.monotonic())
+        load.wait_sent(load.sent + 5)
+    print(f"\nhelm mode -> selfManaged: {load.sent} pods sent, {during} of them during the upgrade, "
+          f"{load.refused} refused")
+    assert during >= 3, during
+    assert load.refused == 0, load.errors[:3]
     data = {k: base64.b64decode(v) for k, v in cluster.get("secret", f"{FULL}-certs", "-n", RELEASE_NS)["data"].items()}
     bundle = data["ca-bundle.crt"]
     assert data["ca.crt"] in bundle and old_ca.strip() in bundle, "the old CA is kept for the overlap"
