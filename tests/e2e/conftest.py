@@ -279,12 +279,17 @@ class SteadyCreator:
             self._stop.wait(self.interval)
 
     def wait_sent(self, count: int, timeout: float = 60):
-        """Waits until `count` requests in all have been answered (the load runs around a step
-        for as many requests as asked, however fast the machine)."""
+        """Waits until `count` requests in all have been answered."""
         wait_for(f"{count} pods sent", lambda: self.sent >= count, timeout=timeout, interval=0.1)
 
-    def sent_between(self, start: float, end: float) -> int:
-        """How many requests were answered between two time.monotonic() readings."""
+    def during(self, step, around: int = 5) -> int:
+        """Runs `step()` with `around` requests answered before and after it, however fast the
+        machine, and returns how many were answered while it ran."""
+        self.wait_sent(self.sent + around)
+        start = time.monotonic()
+        step()
+        end = time.monotonic()
+        self.wait_sent(self.sent + around)
         return sum(1 for t in self.times if start <= t <= end)
 
     def __enter__(self):

@@ -262,6 +262,11 @@ def webhook_pods(cluster) -> list[dict]:
     return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/instance={RELEASE}")
 
 
+def ready_webhook_pods(cluster) -> list[dict]:
+    return [p for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
+            and all(c["ready"] for c in p["status"].get("containerStatuses", []))]
+
+
 def test_a_configuration_change_reaches_the_running_pods_through_the_kubelet(cluster, chart, tmp_path):
     """helm upgrade changes the ConfigMap; the kubelet updates the mounted file; the webhook
     reloads it. No pod restarts, and the lag is measured."""
@@ -285,18 +290,16 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
     """A new image tag rolls the Deployment (maxUnavailable 0) and a webhook pod is deleted,
     while pods that ask are created at a steady rate through the API server: none is refused."""
     node.ctr("images", "tag", WEBHOOK_IMAGE, WEBHOOK_IMAGE.replace(":e2e", ":e2e-2"))
-    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        load.wait_sent(5)
-        start = time.monotonic()
+
+    def roll_and_delete():
         cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "image.tag=e2e-2",
                      "--wait", "--timeout", "110s")
         victim = webhook_pods(cluster)[0]["metadata"]["name"]
         cluster.kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--wait=true")
-        wait_for("two ready replicas again", lambda: sum(
-            1 for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
-            and all(c["ready"] for c in p["status"].get("containerStatuses", []))) == 2, timeout=120, interval=1)
-        during = load.sent_between(start, time.monotonic())
-        load.wait_sent(load.sent + 5)
+        wait_for("two ready replicas again", lambda: len(ready_webhook_pods(cluster)) == 2, timeout=120, interval=1)
+
+    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
+        during = load.during(roll_and_delete)
     print(f"\nrolling update + deleted pod: {load.sent} pods sent, {during} of them during the update, "
           f"{load.refused} refused")
     # A pod every ~0.5 s: the update and the deletion (seconds each) are sampled many times.
@@ -377,17 +380,16 @@ def test_upgrading_from_the_helm_mode_to_self_managed_tls_refuses_no_pod(cluster
     so that pods created through the rolling update are never refused."""
     import base64
     old_ca = base64.b64decode(cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)["data"]["ca.crt"])
-    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        load.wait_sent(5)
-        start = time.monotonic()
+
+    def upgrade():
         cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "tls.mode=selfManaged",
                      "--wait", "--timeout", "110s")
         wait_for("two ready replicas of the new mode", lambda: sum(
-            1 for p in webhook_pods(cluster) if p["status"].get("phase") == "Running"
-            and "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"])
-            and all(c["ready"] for c in p["status"].get("containerStatuses", []))) == 2, timeout=120, interval=1)
-        during = load.sent_between(start, time.monotonic())
-        load.wait_sent(load.sent + 5)
+            "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"]) for p in ready_webhook_pods(cluster)) == 2,
+            timeout=120, interval=1)
+
+    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
+        during = load.during(upgrade)
     print(f"\nhelm mode -> selfManaged: {load.sent} pods sent, {during} of them during the upgrade, "
           f"{load.refused} refused")
     assert during >= 3, during
