@@ -2,33 +2,45 @@
 # Needs BuildKit (the default builder since Docker 23; DOCKER_BUILDKIT=1 before), which builds
 # only the stages the target uses.
 #
-# A release build, from source (pulls rust and distroless):
-#   docker build -t ephemeral-volume-injector .
-# The same runtime stage from a binary built outside the image (what CI does: the machine
-# cannot pull the build stage's images). The build context is a directory holding the binary:
-#   cargo build --release --locked --target x86_64-unknown-linux-musl --bin ephemeral-volume-injector
-#   docker build --build-arg BINARY_FROM=prebuilt --build-arg RUNTIME_BASE=scratch \
-#     -f Dockerfile -t ephemeral-volume-injector <dir with ephemeral-volume-injector>
+# A release build for both architectures, from source (pulls rust and distroless; the build
+# stage runs on the builder's own platform and cross-compiles with cargo-zigbuild):
+#   docker buildx build --platform linux/amd64,linux/arm64 --build-arg EVI_COMMIT=$(git rev-parse --short=12 HEAD) \
+#     -t ephemeral-volume-injector .
+# The same runtime stage from binaries built outside the image (what `make images` does: the
+# machine cannot pull the build stage's images). The build context holds one binary per
+# platform, as `make release-binaries` lays them out (target/release-context):
+#   <context>/linux/amd64/ephemeral-volume-injector, <context>/linux/arm64/ephemeral-volume-injector
+#   docker build --platform linux/arm64 --build-arg BINARY_FROM=prebuilt --build-arg RUNTIME_BASE=scratch \
+#     -f Dockerfile -t ephemeral-volume-injector:arm64 target/release-context
 ARG RUNTIME_BASE=gcr.io/distroless/static-debian12:nonroot
 ARG BINARY_FROM=build
 
-FROM rust:1.95-bookworm AS build
-# hadolint ignore=DL3008
+FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS build
+ARG TARGETARCH
+ARG EVI_COMMIT=""
+# hadolint ignore=DL3008,DL3013
 RUN apt-get update \
- && apt-get install -y --no-install-recommends musl-tools \
+ && apt-get install -y --no-install-recommends python3-pip \
  && rm -rf /var/lib/apt/lists/* \
- && rustup target add x86_64-unknown-linux-musl
+ && pip3 install --no-cache-dir --break-system-packages ziglang==0.17.0 cargo-zigbuild==0.24.0 \
+ && rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl
 WORKDIR /src
-COPY Cargo.toml Cargo.lock rustfmt.toml clippy.toml rust-toolchain.toml ./
+COPY Cargo.toml Cargo.lock build.rs rustfmt.toml clippy.toml rust-toolchain.toml ./
 COPY src ./src
 COPY benches ./benches
-RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin ephemeral-volume-injector \
+RUN case "$TARGETARCH" in \
+      amd64) target=x86_64-unknown-linux-musl ;; \
+      arm64) target=aarch64-unknown-linux-musl ;; \
+      *) echo "unsupported TARGETARCH $TARGETARCH" >&2; exit 1 ;; \
+    esac \
+ && EVI_COMMIT="$EVI_COMMIT" cargo zigbuild --release --locked --target "$target" --bin ephemeral-volume-injector \
  && mkdir /out \
- && cp target/x86_64-unknown-linux-musl/release/ephemeral-volume-injector /out/
+ && cp "target/$target/release/ephemeral-volume-injector" /out/
 
-# The binary from the build context instead.
+# The binary from the build context instead, the one for the platform being built.
 FROM scratch AS prebuilt
-COPY ephemeral-volume-injector /out/ephemeral-volume-injector
+ARG TARGETPLATFORM
+COPY ${TARGETPLATFORM}/ephemeral-volume-injector /out/ephemeral-volume-injector
 
 FROM ${BINARY_FROM} AS binary
 

@@ -7,9 +7,13 @@
 #   make audit   cargo deny: licenses, bans, sources                (needs: tools)
 #   make chart   golden outputs against the Kubernetes schema, the chart's values documented
 #                (charts/values-doc.py), its tests, yamllint, hadolint, trivy (needs: tools)
+#   make release the release artifacts: static binaries for linux/amd64 and linux/arm64, the
+#                arm64 one checked under qemu against the amd64 one on every golden case, the
+#                image index (OCI layout, target/oci) and the SBOM (needs: tools; root: dockerd)
 #   make e2e     the real chart and binary against etcd, kube-apiserver and
 #                kube-controller-manager, and on a real node (kubelet, containerd) the image
-#                built from the Dockerfile (needs: tools; root: network namespaces)
+#                index pulled by digest from the run's own registry, the chart from oci://,
+#                both signed (needs: tools, release; root: network namespaces)
 #   make ci      all of the above, in that order
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -22,8 +26,15 @@ CARGO_DENY := $(TOOLS_DIR)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
 # a real server under load, and two side by side on 2 cores starve each other.
 TESTS := $(filter-out server,$(basename $(notdir $(wildcard tests/*.rs))))
 
-.PHONY: ci lint unit build musl tools audit chart e2e
-ci: lint unit tools audit chart e2e
+VERSION := $(shell awk -F'"' '/^version = / { print $$2; exit }' Cargo.toml)
+COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+# The two platforms of the image: Go's architecture names and Rust's target triples.
+PLATFORMS := amd64:x86_64-unknown-linux-musl arm64:aarch64-unknown-linux-musl
+CARGO_CYCLONEDX_VERSION := 0.5.9
+CARGO_CYCLONEDX := $(TOOLS_DIR)/cargo-cyclonedx-$(CARGO_CYCLONEDX_VERSION)/bin/cargo-cyclonedx
+
+.PHONY: ci lint unit build musl release-binaries release images sbom tools audit chart e2e
+ci: lint unit tools audit chart release e2e
 
 lint:
 	bash .ci/lint-pipes.sh
@@ -41,11 +52,35 @@ unit:
 build:
 	cargo build --locked --bins
 
-# The static (musl) release binary the image is built from (needs: tools).
-musl:
-	CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked \
-	  --target x86_64-unknown-linux-musl --bin ephemeral-volume-injector
+# The static (musl) release binaries the image is built from, for both platforms, with
+# cargo-zigbuild (zig is the C cross-compiler ring, mimalloc and psm need); laid out for the
+# Dockerfile's prebuilt stage as target/release-context/linux/<arch>/ (needs: tools).
+release-binaries:
+	EVI_COMMIT=$(COMMIT) cargo zigbuild --release --locked --bin ephemeral-volume-injector \
+	  $(foreach p,$(PLATFORMS),--target $(word 2,$(subst :, ,$(p))))
+	$(foreach p,$(PLATFORMS),install -D -m 0755 \
+	  target/$(word 2,$(subst :, ,$(p)))/release/ephemeral-volume-injector \
+	  target/release-context/linux/$(word 1,$(subst :, ,$(p)))/ephemeral-volume-injector;)
+musl: release-binaries
 
+# The image index: one image per platform from the Dockerfile, as an OCI layout (target/oci).
+# Uses the Docker daemon of DOCKER_HOST, or starts one of its own for the build (root). The
+# tests build on scratch (nothing can be pulled here); a release on distroless (RUNTIME_BASE).
+RUNTIME_BASE ?= scratch
+images: release-binaries
+	python3 release/images.py --context target/release-context --out target/oci \
+	  --tag $(VERSION) --commit $(COMMIT) --base $(RUNTIME_BASE) $(if $(DOCKER_HOST),,--private-dockerd $(CURDIR)/target/dockerd)
+
+# The CycloneDX SBOM of the binary's dependencies (Cargo.lock, normal dependencies only).
+sbom:
+	$(CARGO_CYCLONEDX) cyclonedx --format json --spec-version 1.5 --no-build-deps \
+	  --override-filename ephemeral-volume-injector.cdx
+	mkdir -p target/sbom && mv ephemeral-volume-injector.cdx.json target/sbom/
+
+# Everything a release publishes (release/publish.sh pushes and signs it), and the arm64
+# binary checked under qemu-user against the amd64 one on every golden case.
+release: images sbom
+	python3 -m pytest -q tests/release
 tools:
 	bash .ci/install-tools.sh
 
@@ -72,5 +107,5 @@ chart: build
 
 # In a network and mount namespace of their own, with a real node (EVI_REQUIRE_NODE: its
 # tests fail rather than skip).
-e2e: build musl
+e2e: build images sbom
 	EVI_REQUIRE_NODE=1 bash tests/e2e/in-netns.sh python3 -m pytest -q tests/e2e

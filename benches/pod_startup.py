@@ -9,7 +9,7 @@ deleted), the pod is created unchanged. Rounds alternate between the two, pods a
 at a time, and each pod's time is measured by this client from the create request to the watch
 event that shows it Running.
 
-Run as root from the repository root, after `make musl`:
+Run as root from the repository root, after `make images`:
     bash tests/e2e/in-netns.sh python3 benches/pod_startup.py [--pods 40] [--rounds 3]
 """
 
@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from conftest import CHART, RELEASE_NS, Cluster, wait_for  # noqa: E402
 from controlplane import ControlPlane  # noqa: E402
-from node import BUSYBOX_IMAGE, TAINT, WEBHOOK_IMAGE, Node, webhook_image  # noqa: E402
+from node import BUSYBOX_IMAGE, TAINT, Node  # noqa: E402
+from registry import Registry  # noqa: E402
 
 NS = "startup"
 RELEASE = "evi-bench"
@@ -86,15 +87,17 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="evi-startup-"))
     cp = ControlPlane(work / "cp", node_ip=__import__("os").environ.get("EVI_NODE_IP")).start()
     node = Node(cp, work / "node")
+    registry = Registry(work / "registry")
     try:
         node.start()
-        archive, _ = webhook_image(work / "image", ROOT / "target/x86_64-unknown-linux-musl/release/ephemeral-volume-injector",
-                                   ROOT / "Dockerfile")
-        node.import_image(archive)
+        # The image index of `make images`, pulled by the node from a registry of the run's own.
+        registry.start()
+        node.use_registry(registry.host)
+        digest = registry.push_index(ROOT / "target" / "oci", "ephemeral-volume-injector", "bench")
         cluster = Cluster(cp)
-        repo, tag = WEBHOOK_IMAGE.split(":")
+        repo = f"{registry.host}/ephemeral-volume-injector"
         cluster.helm("install", RELEASE, CHART, "-n", RELEASE_NS, "--create-namespace", "--wait", "--timeout", "110s",
-                     "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+                     "--set", f"image.repository={repo}", "--set", f"image.digest={digest}",
                      "--set-json", f"tolerations=[{json.dumps(TAINT)}]")
         configs = {kind: cluster.get(kind, FULL) for kind in ("mutatingwebhookconfiguration",
                                                                "validatingwebhookconfiguration")}
@@ -136,6 +139,7 @@ def main() -> int:
         return 0
     finally:
         node.stop(check=False)
+        registry.stop()
         cp.stop()
 
 

@@ -1,4 +1,4 @@
-//! Command-line interface: `serve`, `mutate`, `check-config`.
+//! Command-line interface: `serve`, `mutate`, `check-config`, `check-install`.
 
 use std::{
     io::{Read, Write},
@@ -17,10 +17,18 @@ use crate::{
     workload,
 };
 
+/// The version `--version` prints: the crate's (the chart's appVersion) and the commit built.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("EVI_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "ephemeral-volume-injector",
-    version,
+    version = VERSION,
     about = "Injects emptyDir, CSI inline and generic ephemeral volumes into pods from annotations"
 )]
 /// The command line.
@@ -42,6 +50,10 @@ pub enum Command {
         /// The configuration file (YAML).
         file: PathBuf,
     },
+    /// Check that the webhook is wired into the API server: a dry-run pod gets its volume and
+    /// a dry-run Job asking for an impossible one is refused (the chart's install hook and
+    /// `helm test`); a failure names its cause.
+    CheckInstall(crate::install_check::CheckInstallArgs),
 }
 
 /// `mutate`'s arguments.
@@ -85,6 +97,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => crate::server::run(*args),
         Command::Mutate(args) => mutate(&args),
         Command::CheckConfig { file } => check_config(&file),
+        Command::CheckInstall(args) => crate::install_check::run(&args),
     }
 }
 

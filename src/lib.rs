@@ -13,6 +13,7 @@ pub mod config;
 pub mod decision;
 pub mod echo;
 pub mod engine;
+pub mod install_check;
 pub mod patch;
 pub mod pod;
 pub mod quantity;

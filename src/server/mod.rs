@@ -19,6 +19,8 @@ mod selftls;
 mod shutdown;
 pub mod tls;
 mod watch;
+
+pub use watch::{ClusterAccessError, client as api_client};
 mod webhook;
 
 use std::{

@@ -22,12 +22,21 @@ use kube::{
 use super::{AppState, metrics::KindLabel};
 use crate::cluster::{ClusterState, CsiDriverInfo, StorageClassInfo};
 
+/// Why no API client could be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterAccessError {
+    /// The kubeconfig file cannot be read or used.
     #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: String, message: String },
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The pod's service account configuration.
     #[error("in-cluster configuration: {0}")]
     InCluster(String),
+    /// The client itself.
     #[error("API client: {0}")]
     Client(String),
 }

@@ -22,7 +22,8 @@ CHART = ROOT / "charts" / "ephemeral-volume-injector"
 BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
 HELM = os.environ.get("HELM") or shutil.which("helm") or str(Path.home() / ".cache/evi-tools/bin/helm")
 BUILTIN_KINDS = {
-    "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
+    "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Job", "MutatingWebhookConfiguration", "Pod",
+    "Role", "RoleBinding",
     "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ValidatingWebhookConfiguration",
 }
 
@@ -62,6 +63,15 @@ def render(*args, values=None, kube_version="1.33.0", ns="evi-system", check=Tru
     return p
 
 
+def not_hooks(docs):
+    return [d for d in docs if "helm.sh/hook" not in d["metadata"].get("annotations", {})]
+
+
+def hooks(docs):
+    return {(d["kind"], d["metadata"]["annotations"]["helm.sh/hook"]): d for d in docs
+            if "helm.sh/hook" in d["metadata"].get("annotations", {})}
+
+
 def by_kind(docs, kind):
     found = [d for d in docs if d["kind"] == kind]
     assert found, f"no {kind} rendered"
@@ -83,6 +93,61 @@ MODES = [
     (["--set", "tls.mode=existingSecret", "--set", "tls.existingSecret=my-tls",
       "--set", "tls.caBundle=" + base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()], "existingSecret"),
 ]
+
+
+def test_app_version_is_the_crate_version_and_the_binary_reports_it():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    crate = re.search(r'^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
+    assert chart["appVersion"] == crate
+    out = subprocess.run([str(BINARY), "--version"], capture_output=True, text=True, check=True).stdout
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    assert out.strip() == f"ephemeral-volume-injector {crate} (commit {commit or 'unknown'})"
+
+
+def test_image_by_tag_or_pinned_by_digest():
+    def image(docs):
+        return deployment(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    repo = "ghcr.io/ephemeral-volume-injector/ephemeral-volume-injector"
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert image(render()) == f"{repo}:{version}"
+    assert image(render("--set", "image.tag=dev")) == f"{repo}:dev"
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert image(render("--set", f"image.digest={digest}", "--set", "image.tag=dev")) == f"{repo}@{digest}"
+
+
+def test_the_install_check_runs_after_install_and_upgrade_and_as_helm_test_with_dry_run_rights_only():
+    docs = render("--set", "checkInstall.namespace=nf", "--set", "checkInstall.timeoutSeconds=20",
+                  "--set", "image.digest=sha256:" + "ab" * 32)
+    h = hooks(docs)
+    job = h[("Job", "post-install,post-upgrade")]
+    assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    test_pod = h[("Pod", "test")]
+    for spec in (job["spec"]["template"]["spec"], test_pod["spec"]):
+        (c,) = spec["containers"]
+        assert c["image"] == deployment(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert c["args"] == ["check-install", "--namespace=nf", "--prefix=ephemeral-volumes.io",
+                             "--request=type=emptyDir,mountPath=/evi-install-check,size=1Mi", "--timeout-seconds=20"]
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert c["securityContext"]["readOnlyRootFilesystem"] and spec["securityContext"]["runAsNonRoot"]
+        assert spec["restartPolicy"] == "Never"
+        assert spec["serviceAccountName"] == "evi-ephemeral-volume-injector-check-install"
+    assert job["spec"]["backoffLimit"] == 0
+    role = h[("Role", "post-install,post-upgrade,test")]
+    assert role["metadata"]["namespace"] == "nf"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+                             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+    binding = h[("RoleBinding", "post-install,post-upgrade,test")]
+    assert binding["metadata"]["namespace"] == "nf"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "evi-ephemeral-volume-injector-check-install",
+                                    "namespace": "evi-system"}]
+    # The workload webhook off (or a cluster before 1.28): the Job check is skipped.
+    (c,) = hooks(render("--set", "webhook.workloads.enabled=false"))[("Job", "post-install,post-upgrade")][
+        "spec"]["template"]["spec"]["containers"]
+    assert c["args"][-1] == "--skip-workloads"
+    assert not hooks(render("--set", "checkInstall.enabled=false"))
+    assert ("Role", "post-install,post-upgrade,test") not in hooks(render("--set", "rbac.create=false"))
 
 
 def test_helm_lint_strict():
@@ -437,7 +502,7 @@ def test_self_managed_tls_rbac_names_its_own_secret_and_configurations_only():
     assert "evi-ephemeral-volume-injector-certificates" in bindings
     assert not [d for d in render("--set", "tls.mode=selfManaged", "--set", "rbac.create=false")
                 if d["kind"] in ("Role", "ClusterRole")]
-    assert not [d for d in render() if d["kind"] == "Role"], "other modes need no Secret access"
+    assert not [d for d in not_hooks(render()) if d["kind"] == "Role"], "other modes need no Secret access"
 
 
 def test_webhook_url_points_the_api_server_outside_the_cluster():
@@ -473,6 +538,8 @@ def test_webhook_url_points_the_api_server_outside_the_cluster():
     ["--set", "config.colour=red"],
     ["--set", "server.logFormat=xml"],
     ["--set", "config.clusterChecks=sometimes"],
+    ["--set", "image.digest=sha256:abc"],
+    ["--set", "image.digest=latest"],
 ])
 def test_values_schema_rejects_wrong_values(bad):
     p = render(*bad, check=False)
@@ -482,7 +549,7 @@ def test_values_schema_rejects_wrong_values(bad):
 
 def test_rbac_reads_csidrivers_and_storageclasses_only():
     docs = render()
-    assert not [d for d in docs if d["kind"] == "Role"]
+    assert not [d for d in not_hooks(docs) if d["kind"] == "Role"]
     (role,) = by_kind(docs, "ClusterRole")
     assert role["rules"] == [{"apiGroups": ["storage.k8s.io"], "resources": ["csidrivers", "storageclasses"],
                               "verbs": ["get", "list", "watch"]}]

@@ -55,7 +55,7 @@ def run(*cmd: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), check=True, capture_output=True, text=True, **kw)
 
 
-# === images, without a registry or a Docker engine ===
+# === the images the node needs beside the webhook's, without a registry or a Docker engine ===
 
 def docker_archive(path: Path, tag: str, files: dict[str, tuple[bytes | str, int]], config: dict) -> Path:
     """Writes an image as `docker save` does (one layer): `files` maps a path in the image to
@@ -113,58 +113,6 @@ def busybox_image(workdir: Path) -> Path:
                           {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]})
 
 
-WEBHOOK_IMAGE = "evi.test/ephemeral-volume-injector:e2e"
-
-
-class Docker:
-    """Docker 20.10 (Debian's docker.io), started for one build and stopped after it: the
-    webhook's image is built from the repository's Dockerfile by the engine users have."""
-
-    def __init__(self, workdir: Path):
-        self.dir = workdir
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.sock = self.dir / "docker.sock"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "Docker":
-        self.proc = start_process([
-            "dockerd", "--data-root", str(self.dir / "root"), "--exec-root", str(self.dir / "exec"),
-            "--pidfile", str(self.dir / "docker.pid"), "--host", f"unix://{self.sock}",
-            # No network of its own and no iptables rules: it only builds.
-            "--bridge=none", "--iptables=false", "--ip-masq=false",
-        ], self.dir / "dockerd.log", env=dict(os.environ, PATH=PATH))
-        deadline = time.monotonic() + 60
-        while self.docker("version", check=False).returncode != 0:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dockerd did not start:\n{(self.dir / 'dockerd.log').read_text()[-3000:]}")
-            time.sleep(0.3)
-        return self
-
-    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        env = dict(os.environ, DOCKER_HOST=f"unix://{self.sock}", DOCKER_BUILDKIT="1", PATH=PATH)
-        return subprocess.run(["/usr/bin/docker", *args], capture_output=True, text=True, env=env, check=check)
-
-    def __exit__(self, *exc) -> None:
-        if self.proc:
-            stop_process(self.proc, timeout=20)
-            self.proc = None
-
-
-def webhook_image(workdir: Path, binary: Path, dockerfile: Path) -> tuple[Path, int]:
-    """The Dockerfile's runtime stage from the musl binary (`make musl`), on `scratch`: the
-    build stage's base images cannot be pulled here. Returns the archive and the image's size."""
-    context = workdir / "context"
-    context.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(binary, context / "ephemeral-volume-injector")
-    with Docker(workdir / "docker") as d:
-        d.docker("build", "--build-arg", "BINARY_FROM=prebuilt", "--build-arg", "RUNTIME_BASE=scratch",
-                 "-f", str(dockerfile), "-t", WEBHOOK_IMAGE, str(context))
-        size = int(d.docker("image", "inspect", "-f", "{{.Size}}", WEBHOOK_IMAGE).stdout.strip())
-        archive = workdir / "webhook.tar"
-        d.docker("save", "-o", str(archive), WEBHOOK_IMAGE)
-    return archive, size
-
-
 # === the node ===
 
 class Node:
@@ -208,6 +156,18 @@ class Node:
 
     def import_image(self, archive: Path) -> None:
         self.ctr("images", "import", "--no-unpack=false", str(archive))
+
+    def use_registry(self, host: str) -> None:
+        """Lets the kubelet's containerd pull from the run's own registry over plain HTTP (read
+        at each pull: containerd's `config_path`)."""
+        d = self.dir / "containerd" / "certs.d" / host
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts.toml").write_text(f'server = "http://{host}"\n[host."http://{host}"]\n'
+                                      f'  capabilities = ["pull", "resolve"]\n')
+
+    def images(self) -> set[str]:
+        """The references containerd holds (names and digests)."""
+        return {line.split()[0] for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()}
 
     def _make_cgroup_root(self) -> None:
         """One cgroup per hierarchy for everything the kubelet runs (its `cgroupRoot`), so that
@@ -253,6 +213,8 @@ state = "{d / 'state'}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{d / 'net.d'}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{d / 'certs.d'}"
 """)
         env = dict(os.environ, PATH=PATH)
         self.procs["containerd"] = start_process(["containerd", "--config", str(d / "config.toml")],

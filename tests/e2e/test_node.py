@@ -1,5 +1,7 @@
-"""The webhook as users run it, on a real node: the image built from the repository's
-Dockerfile, the chart installed with helm (no webhook.url: the API server calls the webhook's
+"""The webhook as users run it, on a real node: the image index `make images` built from the
+repository's Dockerfile, published as a release publishes it (release/publish.sh: pushed to the
+run's own registry, signed, its SBOM attested) and pulled by containerd by digest; the chart
+pushed to that registry and installed from oci:// (no webhook.url: the API server calls the webhook's
 pods through their Service), and Nextflow-shaped tasks that run with their volumes, checked
 from inside their containers and from the objects and events the API server keeps.
 
@@ -7,60 +9,185 @@ Runs only inside the test run's network namespace (make e2e; tests/e2e/in-netns.
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import io
 import json
+import os
+import shutil
+import subprocess
+import tarfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from conftest import BINARY, CHART, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
-from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT, WEBHOOK_IMAGE, webhook_image
+from conftest import BINARY, CHART, HELM, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
+from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT
+from registry import RELEASE_BIN, Registry
 
 P = "ephemeral-volumes.io"
 NS = "nf-node"
-MUSL_BINARY = ROOT / "target" / "x86_64-unknown-linux-musl" / "release" / "ephemeral-volume-injector"
+OCI = ROOT / "target" / "oci"
 RELEASE = "evi-node"
 FULL = f"{RELEASE}-ephemeral-volume-injector"
 
 
-@pytest.fixture(scope="module")
-def image(node, tmp_path_factory):
-    assert MUSL_BINARY.exists(), f"{MUSL_BINARY} is missing: make musl builds it"
-    archive, size = webhook_image(tmp_path_factory.mktemp("image"), MUSL_BINARY, ROOT / "Dockerfile")
-    node.import_image(archive)
-    print(f"\nwebhook image {WEBHOOK_IMAGE}: {size / 1e6:.2f} MB", flush=True)
-    return size
+@dataclass
+class Published:
+    registry: Registry
+    image: str  # <registry>/ephemeral-volume-injector@sha256:… (the index)
+    digest: str
+    chart: str  # oci://<registry>/charts/ephemeral-volume-injector
+    chart_digest: str
+    version: str
+    chart_version: str
+    public_key: Path
+
+    @property
+    def repository(self) -> str:
+        return self.image.split("@")[0]
 
 
 @pytest.fixture(scope="module")
-def chart(cluster, node, image, tmp_path_factory):
-    """The chart as users install it: the image, two replicas, TLS from the chart's Secret, the
-    configuration from its ConfigMap, the cluster checks on the pods' ServiceAccount."""
+def published(node, tmp_path_factory):
+    """A release as release/publish.sh makes it, into the run's own registry, signed with a
+    key pair made for the run; the node's containerd pulls from that registry."""
+    assert (OCI / "index.json").exists(), f"{OCI} is missing: make images builds it"
+    work = tmp_path_factory.mktemp("release")
+    registry = Registry(work / "registry").start()
+    node.use_registry(registry.host)
+    try:
+        registry.cosign("generate-key-pair", "--output-key-prefix", str(work / "cosign"))
+        env = dict(os.environ, COSIGN_PASSWORD="", PATH=f"{RELEASE_BIN}:{Path(HELM).parent}:{os.environ['PATH']}",
+                   HELM_REGISTRY_CONFIG=str(work / "helm-registry.json"), HELM_CACHE_HOME=str(work / "helm-cache"))
+        p = subprocess.run(["bash", str(ROOT / "release" / "publish.sh"), "--registry", registry.host,
+                            "--key", str(work / "cosign.key"), "--plain-http", "--no-tlog"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-4000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        yield Published(registry, out["image"], out["digest"], out["chart"], out["chartDigest"], out["version"],
+                        out["chartVersion"], work / "cosign.pub")
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="module")
+def image(node, published):
+    """The image index's digest; the size of each platform's image as the registry holds it."""
+    sizes = {}
+    for m in json.loads(published.registry.crane("manifest", published.image).stdout)["manifests"]:
+        manifest = json.loads(published.registry.crane("manifest", f"{published.repository}@{m['digest']}").stdout)
+        sizes[m["platform"]["architecture"]] = sum(x["size"] for x in manifest["layers"]) + manifest["config"]["size"]
+    print(f"\nwebhook image {published.image}: " + ", ".join(f"{a} {s / 1e6:.2f} MB" for a, s in sorted(sizes.items())),
+          flush=True)
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def chart(cluster, node, published, image, tmp_path_factory):
+    """The chart as users install it: from oci:// with the image pinned by digest, two replicas,
+    TLS from the chart's Secret, the configuration from its ConfigMap, the cluster checks on the
+    pods' ServiceAccount."""
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
     values.write_text(json.dumps({
-        "image": {"repository": WEBHOOK_IMAGE.split(":")[0], "tag": WEBHOOK_IMAGE.split(":")[1],
-                  "pullPolicy": "Never"},
+        "image": {"repository": published.repository, "digest": published.digest, "pullPolicy": "IfNotPresent"},
         "config": {"clusterChecks": "enforce", "profiles": {
             "shm": {"mountPath": "/dev/shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}}},
         # One node: the pods' anti-affinity is only preferred, so both replicas run on it.
         "tolerations": [TAINT],
     }))
-    cluster.helm("install", RELEASE, CHART, "-n", RELEASE_NS, "--create-namespace", "-f", values,
-                 "--wait", "--timeout", "110s")
+    cluster.helm("install", RELEASE, published.chart, "--version", published.chart_version, "--plain-http",
+                 "-n", RELEASE_NS, "--create-namespace", "-f", values, "--wait", "--timeout", "110s")
     cluster.namespace(NS)
     yield
     cluster.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
+
+
+def tampered_copy(layout: Path, out: Path) -> None:
+    """The OCI layout with one byte of the amd64 binary changed in its layer, and the config,
+    manifest and index rewritten to match, as whoever can push to the repository could do."""
+    shutil.copytree(layout, out)
+    blobs = out / "blobs" / "sha256"
+
+    def read(digest: str) -> bytes:
+        return (blobs / digest.removeprefix("sha256:")).read_bytes()
+
+    def write(data: bytes, desc: dict) -> dict:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {**desc, "digest": f"sha256:{digest}", "size": len(data)}
+
+    top = json.loads((out / "index.json").read_text())
+    index = json.loads(read(top["manifests"][0]["digest"]))
+    for i, m in enumerate(index["manifests"]):
+        if m["platform"]["architecture"] != "amd64":
+            continue
+        manifest = json.loads(read(m["digest"]))
+        raw = bytearray(gzip.decompress(read(manifest["layers"][0]["digest"])))
+        with tarfile.open(fileobj=io.BytesIO(bytes(raw))) as tar:
+            member = tar.getmember("ephemeral-volume-injector")
+        raw[member.offset_data + member.size - 1] ^= 0xFF
+        config = json.loads(read(manifest["config"]["digest"]))
+        config["rootfs"]["diff_ids"] = [f"sha256:{hashlib.sha256(raw).hexdigest()}"]
+        manifest["layers"][0] = write(gzip.compress(bytes(raw), mtime=0), manifest["layers"][0])
+        manifest["config"] = write(json.dumps(config).encode(), manifest["config"])
+        index["manifests"][i] = write(json.dumps(manifest).encode(), m)
+    top["manifests"][0] = write(json.dumps(index).encode(), top["manifests"][0])
+    (out / "index.json").write_text(json.dumps(top))
+
+
+def test_the_release_is_signed_with_its_sbom_attested_and_a_changed_layer_fails_both(published, tmp_path):
+    reg, key = published.registry, str(published.public_key)
+    verify = ("--key", key, "--insecure-ignore-tlog", "--allow-http-registry")
+    # What the README has users run before installing.
+    reg.cosign("verify", *verify, published.image)
+    reg.cosign("verify", *verify, f"{published.registry.host}/charts/ephemeral-volume-injector@{published.chart_digest}")
+    out = reg.cosign("verify-attestation", *verify, "--type", "cyclonedx", published.image).stdout
+    (envelope,) = [json.loads(line) for line in out.splitlines() if line.strip()]
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicateType"] == "https://cyclonedx.org/bom"
+    assert statement["subject"][0]["digest"]["sha256"] == published.digest.removeprefix("sha256:")
+    sbom = json.loads((ROOT / "target" / "sbom" / "ephemeral-volume-injector.cdx.json").read_text())
+    assert statement["predicate"]["components"] == sbom["components"]
+
+    # The same tag, pushed again with one byte of the amd64 binary changed.
+    tag = f"{published.repository}:{published.version}"
+    tampered_copy(OCI, tmp_path / "tampered")
+    reg.crane("push", "--index", str(tmp_path / "tampered"), tag)
+    try:
+        tampered = reg.crane("digest", tag).stdout.strip()
+        assert tampered != published.digest
+        for cmd in (("verify", *verify, tag), ("verify-attestation", *verify, "--type", "cyclonedx", tag)):
+            p = reg.cosign(*cmd, check=False)
+            assert p.returncode != 0 and ("no signatures found" in p.stderr or "no matching" in p.stderr), p.stderr
+        # The original's signatures and attestation copied onto the tampered digest (the
+        # fallback tag cosign reads them from): they name another digest, and are refused.
+        old, new = published.digest.replace(":", "-"), tampered.replace(":", "-")
+        reg.crane("copy", f"{published.repository}:{old}", f"{published.repository}:{new}")
+        for cmd in (("verify", *verify, tag), ("verify-attestation", *verify, "--type", "cyclonedx", tag)):
+            p = reg.cosign(*cmd, check=False)
+            assert p.returncode != 0 and "digest does not match" in p.stderr, p.stderr
+    finally:
+        reg.crane("tag", published.image, published.version)
+    assert reg.crane("digest", tag).stdout.strip() == published.digest
 
 
 def pods_of(cluster, namespace: str, selector: str) -> list[dict]:
     return cluster.get("pods", "-n", namespace, "-l", selector)["items"]
 
 
-def test_the_charts_own_pods_run_from_the_image_and_serve_through_their_service(cluster, chart, image):
+def test_the_charts_own_pods_run_from_the_image_and_serve_through_their_service(cluster, chart, published, node):
     pods = pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/instance={RELEASE}")
     assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
     for p in pods:
         assert p["status"]["phase"] == "Running", p["status"]
         (c,) = p["status"]["containerStatuses"]
-        assert c["ready"] and c["image"].endswith(WEBHOOK_IMAGE.split("/", 1)[1]), c
+        # Pulled by containerd from the registry, by the index's digest (nothing imported).
+        assert c["ready"] and p["spec"]["containers"][0]["image"] == published.image, c
+        assert c["imageID"].endswith(published.digest), c
+    assert published.image in node.images()
         spec = p["spec"]["containers"][0]
         assert spec["securityContext"]["readOnlyRootFilesystem"] is True
         # The kubelet enforces runAsNonRoot: the container running proves its user is not root.
@@ -286,13 +413,16 @@ def test_a_configuration_change_reaches_the_running_pods_through_the_kubelet(clu
     assert after == before, f"pods restarted or were replaced: {before} → {after}"
 
 
-def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
-    """A new image tag rolls the Deployment (maxUnavailable 0) and a webhook pod is deleted,
-    while pods that ask are created at a steady rate through the API server: none is refused."""
-    node.ctr("images", "tag", WEBHOOK_IMAGE, WEBHOOK_IMAGE.replace(":e2e", ":e2e-2"))
+def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, published):
+    """A new image reference rolls the Deployment (maxUnavailable 0) and a webhook pod is
+    deleted, while pods that ask are created at a steady rate through the API server: none is
+    refused. The new reference is the amd64 image's own digest inside the index: containerd
+    pulls it from the registry."""
+    index = json.loads(published.registry.crane("manifest", published.image).stdout)
+    (amd64,) = [m["digest"] for m in index["manifests"] if m["platform"]["architecture"] == "amd64"]
 
     def roll_and_delete():
-        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "image.tag=e2e-2",
+        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", f"image.digest={amd64}",
                      "--wait", "--timeout", "110s")
         victim = webhook_pods(cluster)[0]["metadata"]["name"]
         cluster.kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--wait=true")
@@ -306,7 +436,7 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, node):
     assert during >= 3, during
     assert load.refused == 0, load.errors[:3]
     images = {p["spec"]["containers"][0]["image"] for p in webhook_pods(cluster)}
-    assert images == {WEBHOOK_IMAGE.replace(":e2e", ":e2e-2")}, images
+    assert images == {f"{published.repository}@{amd64}"}, images
 
 
 def test_scaled_to_zero_only_pods_that_ask_are_refused(cluster, chart):

@@ -176,3 +176,66 @@ Called with (list $ kind name).
 {{- if $live }}{{ range ($live.webhooks | default list) }}{{ if and (not $bundle) .clientConfig.caBundle }}{{ $bundle = .clientConfig.caBundle }}{{ end }}{{ end }}{{ end -}}
 {{- $bundle -}}
 {{- end -}}
+
+{{/* The webhook's image: by digest when image.digest is set, else by tag. */}}
+{{- define "evi.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end }}
+
+{{/* The install check's pod spec (the hook Job's template and the helm test pod). */}}
+{{- define "evi.checkInstallPodSpec" -}}
+restartPolicy: Never
+serviceAccountName: {{ printf "%s-check-install" (include "evi.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+containers:
+  - name: check-install
+    image: {{ include "evi.image" . | quote }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    args:
+      - check-install
+      - --namespace={{ .Values.checkInstall.namespace }}
+      - --prefix={{ include "evi.prefix" . }}
+      - --request={{ .Values.checkInstall.request }}
+      - --timeout-seconds={{ .Values.checkInstall.timeoutSeconds }}
+      {{- if not (include "evi.workloadsWebhook" .) }}
+      - --skip-workloads
+      {{- end }}
+    # The last lines of its output (the cause) become the pod's termination message.
+    terminationMessagePolicy: FallbackToLogsOnError
+    resources:
+      requests:
+        cpu: 10m
+        memory: 16Mi
+      limits:
+        memory: 64Mi
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      runAsNonRoot: true
+      privileged: false
+      capabilities:
+        drop: [ALL]
+      seccompProfile:
+        type: RuntimeDefault
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

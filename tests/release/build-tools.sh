@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the release tools the tests use from the Go module proxy, each with its own go.mod and
+# go.sum as published (`go install module/cmd@version`, checked against the checksum database),
+# cached by version under $EVI_TOOLS_DIR/release/<tool>-<version>/:
+#   registry  distribution/v3's registry (the run's own OCI registry, on loopback only)
+#   crane     go-containerregistry's crane (pushes the image index, reads digests)
+#   cosign    sigstore's cosign (signs the index and the chart, attests the SBOM)
+# Prints the directory holding a bin/ with a link to each.
+set -euo pipefail
+TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
+out="$TOOLS_DIR/release"
+mkdir -p "$out/bin"
+
+tools=(
+  "registry github.com/distribution/distribution/v3/cmd/registry v3.1.2"
+  "crane github.com/google/go-containerregistry/cmd/crane v0.22.1"
+  "cosign github.com/sigstore/cosign/v3/cmd/cosign v3.1.3"
+)
+for entry in "${tools[@]}"; do
+  read -r name pkg version <<<"$entry"
+  dir="$out/$name-$version"
+  if [ ! -x "$dir/$name" ]; then
+    start=$(date +%s)
+    echo "building $name $version (a few minutes on a fresh machine)" >&2
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    GOBIN="$dir.tmp" CGO_ENABLED=0 GOFLAGS="-trimpath" go install -ldflags "-s -w" "$pkg@$version" >&2
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+    echo "$name $version built in $(( $(date +%s) - start )) s" >&2
+  fi
+  ln -sfn "$dir/$name" "$out/bin/$name"
+done
+echo "$out"
