@@ -134,6 +134,10 @@ def test_the_install_check_runs_after_install_and_upgrade_and_as_helm_test_with_
         assert spec["restartPolicy"] == "Never"
         assert spec["serviceAccountName"] == "evi-ephemeral-volume-injector-check-install"
     assert job["spec"]["backoffLimit"] == 0
+    # No selector of the webhook's (Service, PDB, NetworkPolicy) picks a check pod.
+    selector = by_kind(docs, "Service")[0]["spec"]["selector"]
+    for labels in (job["spec"]["template"]["metadata"]["labels"], test_pod["metadata"]["labels"]):
+        assert not selector.items() <= labels.items(), labels
     role = h[("Role", "post-install,post-upgrade,test")]
     assert role["metadata"]["namespace"] == "nf"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
@@ -148,6 +152,18 @@ def test_the_install_check_runs_after_install_and_upgrade_and_as_helm_test_with_
     assert c["args"][-1] == "--skip-workloads"
     assert not hooks(render("--set", "checkInstall.enabled=false"))
     assert ("Role", "post-install,post-upgrade,test") not in hooks(render("--set", "rbac.create=false"))
+
+
+def test_host_network_serves_on_the_nodes_address_at_the_ports_given():
+    spec = deployment(render())["spec"]["template"]["spec"]
+    assert "hostNetwork" not in spec
+    docs = render("--set", "hostNetwork=true", "--set", "server.port=10260", "--set", "server.adminPort=10261")
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    (c,) = spec["containers"]
+    assert {"--listen=0.0.0.0:10260", "--admin-listen=0.0.0.0:10261"} <= set(c["args"])
+    assert [p["containerPort"] for p in c["ports"]] == [10260, 10261]
+    assert by_kind(docs, "Service")[0]["spec"]["ports"][0]["targetPort"] == "https"
 
 
 def test_helm_lint_strict():

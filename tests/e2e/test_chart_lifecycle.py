@@ -11,7 +11,8 @@ from conftest import CHART, RELEASE_NS
 
 # Its own prefix, so that its webhook (whose Service has no endpoints here) never sees the other
 # tests' pods.
-VALUES = ["--set", "config.annotationPrefix=lifecycle.example.com"]
+# No node runs here: the install check's hook Job could not run (test_node.py runs it).
+VALUES = ["--set", "config.annotationPrefix=lifecycle.example.com", "--set", "checkInstall.enabled=false"]
 
 
 def manifest(cluster, release: str) -> list[dict]:

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tarfile
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BINARY, CHART, HELM, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
+from controlplane import start_process, stop_process
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT
 from registry import RELEASE_BIN, Registry
 
@@ -32,6 +34,8 @@ NS = "nf-node"
 OCI = ROOT / "target" / "oci"
 RELEASE = "evi-node"
 FULL = f"{RELEASE}-ephemeral-volume-injector"
+# The webhook's own pods (the install check's pods carry the instance label too).
+WEBHOOK_SELECTOR = f"app.kubernetes.io/name=ephemeral-volume-injector,app.kubernetes.io/instance={RELEASE}"
 
 
 @dataclass
@@ -179,7 +183,7 @@ def pods_of(cluster, namespace: str, selector: str) -> list[dict]:
 
 
 def test_the_charts_own_pods_run_from_the_image_and_serve_through_their_service(cluster, chart, published, node):
-    pods = pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/instance={RELEASE}")
+    pods = webhook_pods(cluster)
     assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
     for p in pods:
         assert p["status"]["phase"] == "Running", p["status"]
@@ -300,7 +304,7 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
     # The decision, in the log of the webhook's own pods (kubectl logs, through the kubelet),
     # names the task's Job.
     def decision():
-        logs = cluster.kubectl("logs", "-n", RELEASE_NS, "-l", f"app.kubernetes.io/instance={RELEASE}",
+        logs = cluster.kubectl("logs", "-n", RELEASE_NS, "-l", WEBHOOK_SELECTOR,
                                "--tail=-1", "--prefix=false").stdout
         lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
         return next((e for e in lines if e.get("message") == "mutated"
@@ -386,7 +390,7 @@ def asking_pod(annotation: str) -> dict:
 
 
 def webhook_pods(cluster) -> list[dict]:
-    return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/instance={RELEASE}")
+    return pods_of(cluster, RELEASE_NS, WEBHOOK_SELECTOR)
 
 
 def ready_webhook_pods(cluster) -> list[dict]:
@@ -451,6 +455,221 @@ def test_scaled_to_zero_only_pods_that_ask_are_refused(cluster, chart):
     finally:
         cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
         cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
+
+
+def helm_test_output(cluster, release: str) -> subprocess.CompletedProcess:
+    return cluster.helm("test", release, "-n", RELEASE_NS, "--logs", "--timeout", "120s", check=False)
+
+
+def test_the_install_check_passed_at_install_and_helm_test_runs_it_again(cluster, chart):
+    """The chart fixture's `helm install --wait` ran the post-install hook Job (a failed hook
+    fails the install); `helm test` runs the same check and prints what it found."""
+    p = helm_test_output(cluster, RELEASE)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "check-install: pod webhook: ok: a pod asking for volume \"evi-install-check\" came back with it " \
+           "(emptyDir, mounted at /evi-install-check)" in p.stdout, p.stdout
+    assert "check-install: workload webhook: ok: a Job whose template asks for an impossible volume was refused" \
+           in p.stdout, p.stdout
+    # The hook Job was deleted once it succeeded; the check's pods are nobody's endpoints.
+    assert cluster.kubectl("get", "job", f"{FULL}-check-install", "-n", RELEASE_NS, check=False).returncode != 0
+    endpoints = cluster.get("endpoints", FULL, "-n", RELEASE_NS)
+    ips = {a["ip"] for s in endpoints.get("subsets", []) for a in s.get("addresses", [])}
+    assert ips == {p["status"]["podIP"] for p in webhook_pods(cluster)}
+
+
+def test_helm_test_names_a_webhook_scaled_to_zero(cluster, chart):
+    cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=0")
+    try:
+        wait_for("no webhook pod", lambda: not webhook_pods(cluster), timeout=90, interval=1)
+        p = helm_test_output(cluster, RELEASE)
+        assert p.returncode != 0, p.stdout
+        assert "check-install: FAILED: pod webhook: the webhook's Service has no ready endpoint" in p.stdout, p.stdout
+    finally:
+        cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
+        cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
+
+
+def pem_pair(tmp: Path, name: str, ca: tuple[Path, Path] | None, san: str) -> tuple[Path, Path]:
+    key, crt = tmp / f"{name}.key", tmp / f"{name}.crt"
+    subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)], check=True)
+    if ca is None:
+        subprocess.run(["openssl", "req", "-x509", "-new", "-key", str(key), "-subj", f"/CN={name}", "-days", "2",
+                        "-addext", "basicConstraints=critical,CA:TRUE", "-out", str(crt)], check=True)
+    else:
+        csr = tmp / f"{name}.csr"
+        subprocess.run(["openssl", "req", "-new", "-key", str(key), "-subj", f"/CN={name}", "-out", str(csr)], check=True)
+        ext = tmp / f"{name}.ext"
+        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
+                        "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(crt)], check=True)
+    return key, crt
+
+
+@pytest.mark.parametrize("case", ["ca-bundle", "blocked"])
+def test_a_miswired_install_fails_helm_install_naming_the_cause(cluster, chart, published, node, tmp_path, case):
+    """A release of its own, with its own annotation prefix (the main release is untouched):
+    `helm install --wait` fails at the install check's hook, and the hook Job's log names the
+    cause. ca-bundle: the caBundle is another CA than the one that signed the served
+    certificate. blocked: the API server's traffic to the webhook's port is dropped, as a
+    NetworkPolicy enforced by the CNI (or a CNI whose pod IPs the control plane cannot reach)
+    does; this node's bridge CNI enforces no NetworkPolicy, so an iptables rule in the run's
+    network namespace drops it instead."""
+    release = f"evi-{case}"
+    full = f"{release}-ephemeral-volume-injector"
+    values = {
+        "image": {"repository": published.repository, "digest": published.digest},
+        "replicaCount": 1, "tolerations": [TAINT],
+        "config": {"annotationPrefix": f"{case}.evi.test"},
+        "checkInstall": {"timeoutSeconds": 8},
+        "webhook": {"timeoutSeconds": 2},
+    }
+    rule = None
+    if case == "ca-bundle":
+        good_ca = pem_pair(tmp_path, "good-ca", None, "")
+        key, crt = pem_pair(tmp_path, "serving", good_ca, f"DNS:{full}.{RELEASE_NS}.svc")
+        other_ca = pem_pair(tmp_path, "other-ca", None, "")
+        cluster.kubectl("create", "secret", "tls", f"{release}-tls", "-n", RELEASE_NS, f"--cert={crt}", f"--key={key}")
+        values["tls"] = {"mode": "existingSecret", "existingSecret": f"{release}-tls",
+                         "caBundle": base64.b64encode(other_ca[1].read_bytes()).decode()}
+        want = "the API server does not trust the webhook's certificate: the caBundle of the webhook configuration " \
+               "does not match the CA that signed the certificate the webhook serves"
+    else:
+        values["server"] = {"port": 9443}
+        rule = ["OUTPUT", "-p", "tcp", "--dport", "9443", "-j", "DROP"]
+        subprocess.run(["iptables", "-I", *rule], check=True)
+        want = "the API server got no answer from the webhook in time: a NetworkPolicy that blocks traffic from " \
+               "the control plane to the webhook's port"
+    path = tmp_path / "values.yaml"
+    path.write_text(json.dumps(values))
+    try:
+        p = cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
+                         "-n", RELEASE_NS, "-f", path, "--wait", "--timeout", "150s", check=False)
+        assert p.returncode != 0, p.stdout
+        assert f"{full}-check-install" in p.stderr, p.stderr  # helm names the hook that failed
+        logs = cluster.kubectl("logs", "-n", RELEASE_NS, f"job/{full}-check-install").stdout
+        assert f"check-install: FAILED: pod webhook: {want}" in logs, logs
+        print(f"\n{case}: helm said: {p.stderr.strip().splitlines()[-1]}\n{case}: the hook's log: "
+              f"{[line for line in logs.splitlines() if 'FAILED' in line][0]}")
+    finally:
+        if rule:
+            subprocess.run(["iptables", "-D", *rule], check=False)
+        cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
+        cluster.kubectl("delete", "job,sa", f"{full}-check-install", "-n", RELEASE_NS, "--ignore-not-found",
+                        "--wait=true")
+        cluster.kubectl("delete", "role,rolebinding", f"{full}-check-install", "-n", "default", "--ignore-not-found")
+        cluster.kubectl("delete", "secret", f"{release}-tls", "-n", RELEASE_NS, "--ignore-not-found")
+
+
+def test_host_network_serves_where_pod_ips_are_unreachable(cluster, chart, published, node, tmp_path):
+    """hostNetwork: true with ports of its own: the webhook's endpoint is the node's address,
+    the install check passes through it, and a pod asking for a volume gets it. Its own
+    release and annotation prefix; one replica (one node, one port)."""
+    release = "evi-hostnet"
+    full = f"{release}-ephemeral-volume-injector"
+    prefix = "hostnet.evi.test"
+    path = tmp_path / "values.yaml"
+    path.write_text(json.dumps({
+        "image": {"repository": published.repository, "digest": published.digest},
+        "replicaCount": 1, "tolerations": [TAINT], "hostNetwork": True,
+        "server": {"port": 10260, "adminPort": 10261},
+        "config": {"annotationPrefix": prefix}, "checkInstall": {"timeoutSeconds": 30},
+    }))
+    try:
+        cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
+                     "-n", RELEASE_NS, "-f", path, "--wait", "--timeout", "150s")
+        (pod,) = pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
+                                              f"app.kubernetes.io/instance={release}")
+        assert pod["spec"]["hostNetwork"] is True and pod["status"]["podIP"] == node.ip, pod["status"]
+        endpoints = cluster.get("endpoints", full, "-n", RELEASE_NS)
+        assert [(a["ip"], s["ports"][0]["port"]) for s in endpoints["subsets"] for a in s["addresses"]] == \
+            [(node.ip, 10260)]
+        asks = asking_pod("x")
+        asks["metadata"]["annotations"] = {f"{prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"}
+        stored = json.loads(cluster.create(asks, "--dry-run=server").stdout)
+        assert {"name": "scratch", "emptyDir": {"sizeLimit": "16Mi"}} in stored["spec"]["volumes"]
+    finally:
+        cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
+
+
+@pytest.fixture(scope="module")
+def cert_manager(cluster, node, tmp_path_factory):
+    """cert-manager v1.21's controllers and CA injector (tests/controlplane/certmanager), as a
+    process beside the control plane, with its CRDs."""
+    crds = RELEASE_BIN.parent / "cert-manager-crds"
+    cluster.kubectl("apply", "--server-side", "-f", crds)
+    for crd in ("certificates.cert-manager.io", "issuers.cert-manager.io", "certificaterequests.cert-manager.io"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    log = tmp_path_factory.mktemp("cert-manager") / "cert-manager.log"
+    proc = start_process([str(RELEASE_BIN / "evi-cert-manager"), "--kubeconfig", str(cluster.cp.kubeconfig)], log)
+    wait_for("cert-manager's controllers", lambda: proc.poll() is None and "running" in log.read_text(), timeout=60)
+    yield log
+    stop_process(proc)
+    assert proc.returncode in (0, -15), log.read_text()[-3000:]
+
+
+def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(cluster, chart, published, cert_manager,
+                                                                              tmp_path):
+    """tls.mode=certManager with a real cert-manager: it issues the chart's CA and serving
+    certificate, the kubelet mounts it, its CA injector writes the caBundle of both webhook
+    configurations; the install check (pods mutated, Jobs validated) passes at install. Then a
+    renewal is forced (as `cmctl renew` does: an Issuing condition) while pods are created at a
+    steady rate: a new certificate from the same CA is served, none refused."""
+    release = "evi-cm"
+    full = f"{release}-ephemeral-volume-injector"
+    prefix = "cm.evi.test"
+    path = tmp_path / "values.yaml"
+    path.write_text(json.dumps({
+        "image": {"repository": published.repository, "digest": published.digest},
+        "tolerations": [TAINT], "tls": {"mode": "certManager"},
+        "config": {"annotationPrefix": prefix}, "checkInstall": {"timeoutSeconds": 60},
+    }))
+    try:
+        cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
+                     "-n", RELEASE_NS, "-f", path, "--wait", "--timeout", "200s")
+        secret = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]
+        ca = base64.b64decode(secret["ca.crt"])
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            for w in cluster.get(kind, full)["webhooks"]:
+                assert base64.b64decode(w["clientConfig"]["caBundle"]) == ca, (kind, w["name"])
+        pods = pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
+                                            f"app.kubernetes.io/instance={release}")
+        first = ssl.PEM_cert_to_DER_cert(base64.b64decode(secret["tls.crt"]).decode())
+        assert [served_certificate(p["status"]["podIP"]) for p in pods] == [first] * 2
+
+        asks = asking_pod("x")
+        asks["metadata"]["annotations"] = {f"{prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"}
+
+        def renew():
+            cert = cluster.get("certificate", f"{full}-serving", "-n", RELEASE_NS)
+            conditions = [c for c in cert["status"].get("conditions", []) if c["type"] != "Issuing"]
+            conditions.append({"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+                               "message": "renewal forced by the end-to-end test",
+                               "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            cluster.kubectl("patch", "certificate", f"{full}-serving", "-n", RELEASE_NS, "--subresource=status",
+                            "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}))
+
+            def renewed():
+                data = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]
+                der = ssl.PEM_cert_to_DER_cert(base64.b64decode(data["tls.crt"]).decode())
+                return der if der != first else None
+            new = wait_for("a renewed certificate in the Secret", renewed, timeout=60, interval=1)
+            wait_for("every replica serving the renewed certificate",
+                     lambda: all(served_certificate(p["status"]["podIP"]) == new for p in pods),
+                     timeout=150, interval=1)
+            return new
+
+        with SteadyCreator(cluster, asks) as load:
+            during = load.during(renew)
+        print(f"\ncert-manager renewal: {load.sent} pods sent, {during} during the renewal, {load.refused} refused")
+        assert during >= 3, during
+        assert load.refused == 0, load.errors[:3]
+        # Same CA: the injected caBundle did not have to change.
+        assert base64.b64decode(cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]["ca.crt"]) == ca
+    finally:
+        cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
+        cluster.kubectl("delete", "certificate,issuer", "-l", f"app.kubernetes.io/instance={release}",
+                        "-n", RELEASE_NS, "--ignore-not-found")
+        cluster.kubectl("delete", "secret", f"{full}-tls", f"{full}-ca", "-n", RELEASE_NS, "--ignore-not-found")
 
 
 def test_a_certificate_rotated_in_the_secret_is_served_after_the_kubelets_update(cluster, chart, tmp_path):

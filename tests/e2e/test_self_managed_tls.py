@@ -65,7 +65,9 @@ class Rendered:
         self.prefix = f"{name}.evi.test"
         self.values = {**values, "webhook": {**values.get("webhook", {}), "url": f"https://127.0.0.1:{self.port}/mutate"},
                        "config": {**values.get("config", {}), "annotationPrefix": self.prefix},
-                       "tls": {**values.get("tls", {}), "mode": "selfManaged"}}
+                       "tls": {**values.get("tls", {}), "mode": "selfManaged"},
+                       # Processes, not pods: no node runs the install check's hook Job.
+                       "checkInstall": {"enabled": False}}
         version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
         self.kube_version = version
         self.replicas: list[SelfManaged] = []

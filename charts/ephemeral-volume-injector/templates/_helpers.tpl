@@ -186,6 +186,18 @@ Called with (list $ kind name).
 {{- end -}}
 {{- end }}
 
+{{/*
+The install check's pods' labels: not the webhook's selector labels, so that neither its
+Service, its PodDisruptionBudget nor its NetworkPolicy ever selects a check pod.
+*/}}
+{{- define "evi.checkInstallLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "evi.name" . }}-check-install
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: check-install
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
 {{/* The install check's pod spec (the hook Job's template and the helm test pod). */}}
 {{- define "evi.checkInstallPodSpec" -}}
 restartPolicy: Never
