@@ -40,7 +40,7 @@ lint:
 	bash .ci/lint-pipes.sh
 	cargo fmt --all -- --check
 	rustfmt --check --edition 2024 fuzz/fuzz_targets/*.rs
-	@out="$$(gofmt -l tests/controlplane/csidriver)"; [ -z "$$out" ] || { echo "gofmt: $$out"; exit 1; }
+	@out="$$(gofmt -l tests/controlplane/csidriver tests/controlplane/certmanager)"; [ -z "$$out" ] || { echo "gofmt: $$out"; exit 1; }
 	cargo clippy --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --locked
 

@@ -277,6 +277,28 @@ fn check_config_lists_every_error() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+#[test]
+fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() {
+    let out = bin()
+        .args(["check-install"])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("check-install: no --kubeconfig and not running in a cluster"),
+        "{err}"
+    );
+    let out = run(&["check-install", "--kubeconfig", "/nonexistent/kubeconfig"], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("check-install: kubeconfig /nonexistent/kubeconfig:"),
+        "{err}"
+    );
+}
+
 const STREAM: &str = r#"
 apiVersion: v1
 kind: Pod

@@ -595,7 +595,7 @@ def test_host_network_serves_where_pod_ips_are_unreachable(cluster, chart, publi
 def cert_manager(cluster, node, tmp_path_factory):
     """cert-manager v1.21's controllers and CA injector (tests/controlplane/certmanager), as a
     process beside the control plane, with its CRDs."""
-    crds = RELEASE_BIN.parent / "cert-manager-crds"
+    crds = (RELEASE_BIN.parent / "cert-manager-crds").resolve()  # kubectl does not follow a linked directory
     cluster.kubectl("apply", "--server-side", "-f", crds)
     for crd in ("certificates.cert-manager.io", "issuers.cert-manager.io", "certificaterequests.cert-manager.io"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")

@@ -42,7 +42,7 @@ if [ ! -x "$dir/evi-cert-manager" ]; then
   echo "building cert-manager $cm_version's controllers (a few minutes on a fresh machine)" >&2
   rm -rf "$dir.tmp"
   mkdir -p "$dir.tmp/crds"
-  (cd "$here" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -trimpath" go build -ldflags "-s -w" -o "$dir.tmp/" .) >&2
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -trimpath" go build -ldflags "-s -w" -o "$dir.tmp/evi-cert-manager" .) >&2
   cp "$(cd "$here" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)"/deploy/crds/*.yaml "$dir.tmp/crds/"
   rm -rf "$dir"
   mv "$dir.tmp" "$dir"

@@ -48,9 +48,11 @@ var controllers = []string{
 }
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "the API server's kubeconfig")
-	resourceNS := flag.String("cluster-resource-namespace", "cert-manager", "ClusterIssuers' Secrets' namespace")
-	flag.Parse()
+	// A flag set of its own: controller-runtime registers --kubeconfig on the global one.
+	flags := flag.NewFlagSet("evi-cert-manager", flag.ExitOnError)
+	kubeconfig := flags.String("kubeconfig", "", "the API server's kubeconfig")
+	resourceNS := flags.String("cluster-resource-namespace", "cert-manager", "ClusterIssuers' Secrets' namespace")
+	_ = flags.Parse(os.Args[1:])
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = logf.NewContext(ctx, logf.Log, "evi-cert-manager")
