@@ -87,6 +87,8 @@ class Docker:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+            # The daemon's images and build cache: the layout holds what was built.
+            shutil.rmtree(self.dir, ignore_errors=True)
         self.proc = None
 
 
@@ -124,12 +126,13 @@ class Layout:
         return self.blob(json.dumps(manifest, separators=(",", ":")).encode(), MANIFEST, platform=platform)
 
     def index(self, manifests: list[dict], tag: str) -> dict:
-        index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests}
-        desc = self.blob(json.dumps(index, separators=(",", ":")).encode(), INDEX,
-                         annotations={"org.opencontainers.image.ref.name": tag})
-        (self.out / "index.json").write_text(json.dumps(
-            {"schemaVersion": 2, "mediaType": INDEX, "manifests": [desc]}, indent=2))
-        return desc
+        """index.json is the image index itself (what `crane push --index` sends, byte for
+        byte, so its digest is the index's); returns its descriptor."""
+        index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests,
+                 "annotations": {"org.opencontainers.image.version": tag}}
+        data = json.dumps(index, separators=(",", ":")).encode()
+        (self.out / "index.json").write_bytes(data)
+        return self.blob(data, INDEX)
 
 
 def build(context: Path, out: Path, tag: str, base: str, private: Path | None, commit: str) -> dict:
@@ -165,7 +168,7 @@ def main() -> None:
     args = ap.parse_args()
     desc = build(args.context, args.out, args.tag, args.base, args.private_dockerd, args.commit)
     sizes = []
-    index = json.loads((args.out / "blobs" / "sha256" / desc["digest"].split(":")[1]).read_bytes())
+    index = json.loads((args.out / "index.json").read_bytes())
     for m in index["manifests"]:
         manifest = json.loads((args.out / "blobs" / "sha256" / m["digest"].split(":")[1]).read_bytes())
         size = sum(x["size"] for x in manifest["layers"]) + manifest["config"]["size"] + m["size"]

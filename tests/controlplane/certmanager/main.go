@@ -17,9 +17,14 @@ import (
 	"sync"
 	"syscall"
 
+	cmscheme "github.com/cert-manager/cert-manager/pkg/api"
 	"github.com/cert-manager/cert-manager/pkg/controller"
 	"github.com/cert-manager/cert-manager/pkg/controller/cainjector"
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
+	"github.com/cert-manager/cert-manager/pkg/util"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	kscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -56,6 +61,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = logf.NewContext(ctx, logf.Log, "evi-cert-manager")
+	ctrl.SetLogger(logf.Log)
 	if err := run(ctx, *kubeconfig, *resourceNS); err != nil {
 		fmt.Fprintln(os.Stderr, "evi-cert-manager:", err)
 		os.Exit(1)
@@ -106,7 +112,14 @@ func run(ctx context.Context, kubeconfig, resourceNS string) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{Metrics: metricsserver.Options{BindAddress: "0"}})
+	// Its field manager is taken from the user agent, as in cert-manager's cainjector.
+	restConfig = util.RestConfigWithUserAgent(restConfig, "cainjector")
+	// The injector reads Certificates (cert-manager.io/inject-ca-from): its client needs
+	// cert-manager's types beside Kubernetes' own, as cert-manager's cainjector registers them.
+	scheme := runtime.NewScheme()
+	utilruntime.Must(kscheme.AddToScheme(scheme))
+	utilruntime.Must(cmscheme.AddToScheme(scheme))
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
 	if err != nil {
 		return err
 	}
