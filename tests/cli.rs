@@ -290,7 +290,10 @@ fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() 
         err.contains("check-install: no --kubeconfig and not running in a cluster"),
         "{err}"
     );
-    let out = run(&["check-install", "--kubeconfig", "/nonexistent/kubeconfig"], None);
+    let out = run(
+        &["check-install", "--kubeconfig", "/nonexistent/kubeconfig"],
+        None,
+    );
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
