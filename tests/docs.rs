@@ -65,8 +65,9 @@ fn relative_links_lead_to_files_of_the_repository() {
 /// file that is not part of the project.
 #[test]
 fn repository_paths_named_in_the_docs_exist() {
-    const TOP: [&str; 9] = [
+    const TOP: [&str; 11] = [
         "src/", "tests/", "docs/", "charts/", "benches/", "fuzz/", "certs/", ".ci/", "Makefile",
+        "release/", ".github/",
     ];
     let mut checked = 0;
     for page in pages() {

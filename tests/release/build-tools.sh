@@ -7,8 +7,11 @@
 #   cosign    sigstore's cosign (signs the index and the chart, attests the SBOM)
 # and cert-manager v1.21 (tests/controlplane/certmanager: its controllers and CA injector, with
 # its CRDs), cached by the hash of that module's go.sum and source.
-# Prints the directory holding a bin/ with a link to each.
+# Prints the directory holding a bin/ with a link to each. With --download-only it downloads
+# the modules of what is not yet built and builds nothing (.ci/prefetch-go.sh).
 set -euo pipefail
+download_only=false
+[ "${1:-}" = "--download-only" ] && download_only=true
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 out="$TOOLS_DIR/release"
 mkdir -p "$out/bin"
@@ -21,6 +24,11 @@ tools=(
 for entry in "${tools[@]}"; do
   read -r name pkg version <<<"$entry"
   dir="$out/$name-$version"
+  if $download_only; then
+    [ -x "$dir/$name" ] || GOFLAGS="-trimpath" CGO_ENABLED=0 go install -n "$pkg@$version" >/dev/null 2>&1 \
+      || echo "build-tools: $pkg@$version not downloaded" >&2
+    continue
+  fi
   if [ ! -x "$dir/$name" ]; then
     start=$(date +%s)
     echo "building $name $version (a few minutes on a fresh machine)" >&2
@@ -37,6 +45,10 @@ here="$(cd "$(dirname "$0")/../controlplane/certmanager" && pwd)"
 cm_version="$(awk '$1 == "github.com/cert-manager/cert-manager" { print $2; exit }' "$here/go.mod")"
 cm_sum="$(cat "$here/go.mod" "$here/go.sum" "$here/main.go" | sha256sum | cut -c1-12)"
 dir="$out/cert-manager-$cm_version-$cm_sum"
+if $download_only; then
+  [ -x "$dir/evi-cert-manager" ] || (cd "$here" && GOFLAGS=-mod=readonly go list -deps . >/dev/null)
+  exit 0
+fi
 if [ ! -x "$dir/evi-cert-manager" ]; then
   start=$(date +%s)
   echo "building cert-manager $cm_version's controllers (a few minutes on a fresh machine)" >&2
