@@ -428,7 +428,10 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, publis
     def roll_and_delete():
         cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", f"image.digest={amd64}",
                      "--wait", "--timeout", "110s")
-        victim = webhook_pods(cluster)[0]["metadata"]["name"]
+        # A pod of the new ReplicaSet: helm's --wait returns while old pods may still be
+        # terminating (and gone by the time they would be deleted).
+        victim = next(p["metadata"]["name"] for p in ready_webhook_pods(cluster)
+                      if not p["metadata"].get("deletionTimestamp"))
         cluster.kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--wait=true")
         wait_for("two ready replicas again", lambda: len(ready_webhook_pods(cluster)) == 2, timeout=120, interval=1)
 
