@@ -58,23 +58,21 @@ fi
 # The image's two platforms, cross-built by cargo-zigbuild with the ziglang wheel (make release-binaries).
 rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
 
-# cargo-deny (the dependency audit), from crates.io, cached by version.
-deny_version="$(awk -F' *:= *' '$1 == "CARGO_DENY_VERSION" { print $2 }' Makefile)"
-if [ ! -x "$TOOLS_DIR/cargo-deny-$deny_version/bin/cargo-deny" ]; then
-  echo "building cargo-deny $deny_version (a few minutes on a fresh machine)" >&2
-  cargo install --quiet --locked "cargo-deny@$deny_version" --root "$TOOLS_DIR/cargo-deny-$deny_version.tmp"
-  rm -rf "$TOOLS_DIR/cargo-deny-$deny_version"
-  mv "$TOOLS_DIR/cargo-deny-$deny_version.tmp" "$TOOLS_DIR/cargo-deny-$deny_version"
-fi
-
-# cargo-cyclonedx (the SBOM, make sbom), from crates.io, cached by version.
-cdx_version="$(awk -F' *:= *' '$1 == "CARGO_CYCLONEDX_VERSION" { print $2 }' Makefile)"
-if [ ! -x "$TOOLS_DIR/cargo-cyclonedx-$cdx_version/bin/cargo-cyclonedx" ]; then
-  echo "building cargo-cyclonedx $cdx_version" >&2
-  cargo install --quiet --locked "cargo-cyclonedx@$cdx_version" --root "$TOOLS_DIR/cargo-cyclonedx-$cdx_version.tmp"
-  rm -rf "$TOOLS_DIR/cargo-cyclonedx-$cdx_version"
-  mv "$TOOLS_DIR/cargo-cyclonedx-$cdx_version.tmp" "$TOOLS_DIR/cargo-cyclonedx-$cdx_version"
-fi
+# Crates from crates.io, each cached by the version the Makefile pins:
+#   cargo-deny (the dependency audit), cargo-cyclonedx (the SBOM, make sbom).
+cargo_tool() { # crate MAKEFILE_VARIABLE
+  local version dir
+  version="$(awk -F' *:= *' -v var="$2" '$1 == var { print $2 }' Makefile)"
+  dir="$TOOLS_DIR/$1-$version"
+  if [ ! -x "$dir/bin/$1" ]; then
+    echo "building $1 $version (a few minutes on a fresh machine)" >&2
+    cargo install --quiet --locked "$1@$version" --root "$dir.tmp"
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+  fi
+}
+cargo_tool cargo-deny CARGO_DENY_VERSION
+cargo_tool cargo-cyclonedx CARGO_CYCLONEDX_VERSION
 
 # The release tools (the run's registry, crane, cosign), built from the Go module proxy and
 # cached by version.
