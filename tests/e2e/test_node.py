@@ -390,7 +390,7 @@ def asking_pod(annotation: str) -> dict:
 
 
 def webhook_pods(cluster) -> list[dict]:
-    return pods_of(cluster, RELEASE_NS, WEBHOOK_SELECTOR)
+    return release_pods(cluster, RELEASE)
 
 
 def ready_webhook_pods(cluster) -> list[dict]:
@@ -508,6 +508,22 @@ def pem_pair(tmp: Path, name: str, ca: tuple[Path, Path] | None, san: str) -> tu
     return key, crt
 
 
+def install_release(cluster, published, release: str, values: dict, workdir: Path, timeout: str = "150s"):
+    """A release of its own from the published chart, its image pinned by digest, its pods on
+    the node; `helm install --wait --wait-for-jobs` (the install check included). Returns helm's
+    result: the caller judges it."""
+    path = workdir / f"values-{release}.yaml"
+    path.write_text(json.dumps({"image": {"repository": published.repository, "digest": published.digest},
+                                "tolerations": [TAINT], **values}))
+    return cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
+                        "-n", RELEASE_NS, "-f", path, "--wait", "--wait-for-jobs", "--timeout", timeout, check=False)
+
+
+def release_pods(cluster, release: str) -> list[dict]:
+    return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
+                                        f"app.kubernetes.io/instance={release}")
+
+
 @pytest.mark.parametrize("case", ["ca-bundle", "blocked"])
 def test_a_miswired_install_fails_helm_install_naming_the_cause(cluster, chart, published, node, tmp_path, case):
     """A release of its own, with its own annotation prefix (the main release is untouched):
@@ -520,8 +536,7 @@ def test_a_miswired_install_fails_helm_install_naming_the_cause(cluster, chart, 
     release = f"evi-{case}"
     full = f"{release}-ephemeral-volume-injector"
     values = {
-        "image": {"repository": published.repository, "digest": published.digest},
-        "replicaCount": 1, "tolerations": [TAINT],
+        "replicaCount": 1,
         "config": {"annotationPrefix": f"{case}.evi.test"},
         "checkInstall": {"timeoutSeconds": 8},
         "webhook": {"timeoutSeconds": 2},
@@ -542,11 +557,8 @@ def test_a_miswired_install_fails_helm_install_naming_the_cause(cluster, chart, 
         subprocess.run(["iptables", "-I", *rule], check=True)
         want = "the API server got no answer from the webhook in time: a NetworkPolicy that blocks traffic from " \
                "the control plane to the webhook's port"
-    path = tmp_path / "values.yaml"
-    path.write_text(json.dumps(values))
     try:
-        p = cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
-                         "-n", RELEASE_NS, "-f", path, "--wait", "--wait-for-jobs", "--timeout", "150s", check=False)
+        p = install_release(cluster, published, release, values, tmp_path)
         assert p.returncode != 0, p.stdout
         assert f"{full}-check-install" in p.stderr, p.stderr  # helm names the hook that failed
         logs = cluster.kubectl("logs", "-n", RELEASE_NS, f"job/{full}-check-install").stdout
@@ -570,18 +582,12 @@ def test_host_network_serves_where_pod_ips_are_unreachable(cluster, chart, publi
     release = "evi-hostnet"
     full = f"{release}-ephemeral-volume-injector"
     prefix = "hostnet.evi.test"
-    path = tmp_path / "values.yaml"
-    path.write_text(json.dumps({
-        "image": {"repository": published.repository, "digest": published.digest},
-        "replicaCount": 1, "tolerations": [TAINT], "hostNetwork": True,
-        "server": {"port": 10260, "adminPort": 10261},
-        "config": {"annotationPrefix": prefix}, "checkInstall": {"timeoutSeconds": 30},
-    }))
     try:
-        cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
-                     "-n", RELEASE_NS, "-f", path, "--wait", "--wait-for-jobs", "--timeout", "150s")
-        (pod,) = pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
-                                              f"app.kubernetes.io/instance={release}")
+        p = install_release(cluster, published, release, {
+            "replicaCount": 1, "hostNetwork": True, "server": {"port": 10260, "adminPort": 10261},
+            "config": {"annotationPrefix": prefix}, "checkInstall": {"timeoutSeconds": 30}}, tmp_path)
+        assert p.returncode == 0, p.stderr
+        (pod,) = release_pods(cluster, release)
         assert pod["spec"]["hostNetwork"] is True and pod["status"]["podIP"] == node.ip, pod["status"]
         endpoints = cluster.get("endpoints", full, "-n", RELEASE_NS)
         served = [(a["ip"], p["port"]) for s in endpoints["subsets"] for a in s["addresses"]
@@ -621,15 +627,10 @@ def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(clu
     release = "evi-cm"
     full = f"{release}-ephemeral-volume-injector"
     prefix = "cm.evi.test"
-    path = tmp_path / "values.yaml"
-    path.write_text(json.dumps({
-        "image": {"repository": published.repository, "digest": published.digest},
-        "tolerations": [TAINT], "tls": {"mode": "certManager"},
-        "config": {"annotationPrefix": prefix}, "checkInstall": {"timeoutSeconds": 60},
-    }))
     try:
-        p = cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
-                         "-n", RELEASE_NS, "-f", path, "--wait", "--wait-for-jobs", "--timeout", "200s", check=False)
+        p = install_release(cluster, published, release, {
+            "tls": {"mode": "certManager"}, "config": {"annotationPrefix": prefix},
+            "checkInstall": {"timeoutSeconds": 60}}, tmp_path, timeout="200s")
         if p.returncode != 0:
             hook = cluster.kubectl("logs", "-n", RELEASE_NS, f"job/{full}-check-install", check=False)
             raise AssertionError(f"{p.stderr}\nthe install check said:\n{hook.stdout}{hook.stderr}\n"
@@ -639,8 +640,7 @@ def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(clu
         for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
             for w in cluster.get(kind, full)["webhooks"]:
                 assert base64.b64decode(w["clientConfig"]["caBundle"]) == ca, (kind, w["name"])
-        pods = pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
-                                            f"app.kubernetes.io/instance={release}")
+        pods = release_pods(cluster, release)
         first = ssl.PEM_cert_to_DER_cert(base64.b64decode(secret["tls.crt"]).decode())
         assert [served_certificate(p["status"]["podIP"]) for p in pods] == [first] * 2
 
