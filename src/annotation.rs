@@ -9,14 +9,15 @@ use std::{collections::BTreeMap, str::FromStr};
 use serde_json::Value;
 
 use crate::{
-    validate::{self, Invalid, bad, from_json_strict, parse_json_strict, parse_size},
-    volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest},
+    echo::quoted,
+    validate::{self, Invalid, Problems, bad, from_json_strict, parse_json_strict, parse_size},
+    volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest, Written},
 };
 
 impl FromStr for VolumeRequest {
     type Err = Invalid;
 
-    /// Parses an annotation value in any of the three forms.
+    /// Parses an annotation value in any of the three forms; every problem at once.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         let trimmed = value.trim();
         if trimmed.is_empty() {
@@ -28,28 +29,72 @@ impl FromStr for VolumeRequest {
             return VolumeRequest::from_json(&parse_json_strict(trimmed)?);
         }
         if !trimmed.bytes().any(|b| b == b'=') {
+            if let Some(fixed) = colon_pairs(trimmed) {
+                return bad(format!(
+                    "{} looks like key:value pairs (or a Groovy map written as a string); \
+                     write key=value pairs separated by commas: did you mean {}?",
+                    quoted(trimmed),
+                    quoted(&fixed)
+                ));
+            }
             validate::profile_name(trimmed)?;
             return Ok(VolumeRequest::profile(trimmed));
         }
         let mut raw = Raw::default();
+        let mut problems = Problems::default();
         for pair in trimmed.split(',') {
             let pair = pair.trim();
             if pair.is_empty() {
                 continue;
             }
-            let Some((key, val)) = pair
-                .bytes()
-                .position(|b| b == b'=')
-                .map(|i| (&pair[..i], &pair[i + 1..]))
-            else {
-                return bad(format!(
-                    "{pair:?} is not a key=value pair (values cannot contain commas; use the JSON form)"
-                ));
-            };
-            raw.set(key.trim(), Val::Text(val.trim()))?;
+            match pair.split_once('=') {
+                Some((key, val)) => {
+                    let key = key.trim();
+                    if problems.check(raw.set(key, Val::Text(val.trim()))).is_none() {
+                        raw.failed.push(key);
+                    }
+                }
+                None => problems.push(match colon_pairs(pair) {
+                    Some(fixed) => format!(
+                        "{} is not a key=value pair: did you mean {fixed}?",
+                        quoted(pair)
+                    ),
+                    None => format!(
+                        "{} is not a key=value pair (values cannot contain commas; use the JSON form)",
+                        quoted(pair)
+                    ),
+                }),
+            }
         }
-        raw.build()
+        raw.build(problems)
     }
+}
+
+/// `[type:emptyDir, size:1Gi]` or `type:emptyDir,size:1Gi` (what a Groovy map, or a YAML habit,
+/// makes of a volume) as the `key=value` form it means; `None` unless every part is
+/// `field:value` with a field of the grammar.
+fn colon_pairs(value: &str) -> Option<String> {
+    let inner = value
+        .strip_prefix('[')
+        .and_then(|v| v.strip_suffix(']'))
+        .unwrap_or(value);
+    let mut fixed = Vec::new();
+    for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, val) = part.split_once(':')?;
+        let key = key.trim();
+        if !(is_field(key)) {
+            return None;
+        }
+        fixed.push(format!("{key}={}", val.trim()));
+    }
+    (!fixed.is_empty()).then(|| fixed.join(","))
+}
+
+fn is_field(key: &str) -> bool {
+    key.strip_prefix("attr.").is_some_and(|k| !k.is_empty())
+        || FIELDS
+            .split(", ")
+            .any(|f| f == key && !f.starts_with("attr."))
 }
 
 impl VolumeRequest {
@@ -59,10 +104,13 @@ impl VolumeRequest {
             return bad("expected a JSON object");
         };
         let mut raw = Raw::default();
+        let mut problems = Problems::default();
         for (key, val) in map {
-            raw.set(key, Val::Json(val))?;
+            if problems.check(raw.set(key, Val::Json(val))).is_none() {
+                raw.failed.push(key);
+            }
         }
-        raw.build()
+        raw.build(problems)
     }
 }
 
@@ -88,7 +136,7 @@ impl<'a> Val<'a> {
             Val::Text("true") | Val::Json(Value::Bool(true)) => Ok(true),
             Val::Text("false") | Val::Json(Value::Bool(false)) => Ok(false),
             Val::Json(Value::String(s)) if s == "true" || s == "false" => Ok(s == "true"),
-            Val::Text(s) => bad(format!("{field} must be true or false, not {s:?}")),
+            Val::Text(s) => bad(format!("{field} must be true or false, not {}", quoted(s))),
             Val::Json(v) => bad(format!("{field} must be true or false, not {v}")),
         }
     }
@@ -166,8 +214,10 @@ struct Raw<'a> {
     containers: Option<Vec<String>>,
     init_containers: Option<InitTargets>,
     env: Option<Vec<String>>,
-    /// Per source (see [`Fit`]), the first shorthand written that does not apply to it.
-    misfits: [Option<&'a str>; 5],
+    /// Per source (see [`Fit`]), the shorthands written that do not apply to it, in order.
+    misfits: [Vec<&'a str>; 5],
+    /// The fields given with a value that was refused: their absence is not reported again.
+    failed: Vec<&'a str>,
 }
 
 /// The sources whose shorthands are checked, and the shorthands each accepts.
@@ -213,14 +263,17 @@ fn put<T>(slot: &mut Option<T>, field: &str, value: T) -> Result<(), Invalid> {
 }
 
 impl<'a> Raw<'a> {
-    /// Remembers, in written order, the first shorthand each source would refuse.
+    /// Remembers, in written order, the shorthands each source would refuse.
     fn note_shorthand(&mut self, key: &'a str) {
         for fit in Fit::ALL {
-            let slot = &mut self.misfits[fit as usize];
-            if slot.is_none() && !fit.accepts(key) {
-                *slot = Some(key);
+            if !fit.accepts(key) {
+                self.misfits[fit as usize].push(key);
             }
         }
+    }
+
+    fn failed(&self, field: &str) -> bool {
+        self.failed.contains(&field)
     }
 
     fn set(&mut self, key: &'a str, val: Val<'a>) -> Result<(), Invalid> {
@@ -284,7 +337,13 @@ impl<'a> Raw<'a> {
                 put(&mut self.init_containers, key, t)
             }
             "env" => put(&mut self.env, key, val.list(key)?),
-            _ => bad(format!("unknown field {key:?}; the fields are {FIELDS}")),
+            _ => bad(
+                match validate::closest(key, FIELDS.split(", ").filter(|f| !f.starts_with("attr.")))
+                {
+                    Some(field) => format!("unknown field {}: did you mean {field}?", quoted(key)),
+                    None => format!("unknown field {}; the fields are {FIELDS}", quoted(key)),
+                },
+            ),
         }?;
         if shorthand {
             self.note_shorthand(key);
@@ -292,20 +351,33 @@ impl<'a> Raw<'a> {
         Ok(())
     }
 
-    fn build(mut self) -> Result<VolumeRequest, Invalid> {
-        self.one_source()?;
-        let (source, size) = self.source()?;
-        let mount = self.mount()?;
-        Ok(VolumeRequest {
-            source,
-            size,
-            size_from_request: self.size_request,
-            mount,
-        })
+    /// The request, or every problem: those found while reading the fields, then the
+    /// source's, then the mount's.
+    fn build(mut self, mut problems: Problems) -> Result<VolumeRequest, Invalid> {
+        let source = match self.one_source() {
+            Ok(true) => self.source(&mut problems),
+            // The one source given was refused, and said so.
+            Ok(false) => None,
+            Err(e) => {
+                problems.push(e.0);
+                None
+            }
+        };
+        let mount = self.mount(&mut problems);
+        match source {
+            Some((source, size)) if problems.is_empty() => Ok(VolumeRequest {
+                source,
+                size,
+                size_from_request: self.size_request,
+                mount,
+            }),
+            _ => problems.finish(()).and_then(|()| bad("no volume source")),
+        }
     }
 
-    /// Exactly one of profile, type, emptyDir, csi, ephemeral.
-    fn one_source(&self) -> Result<(), Invalid> {
+    /// Exactly one of profile, type, emptyDir, csi, ephemeral (none is said only when no
+    /// source was given at all, not when the one given was refused).
+    fn one_source(&self) -> Result<bool, Invalid> {
         let given = [
             ("profile", self.profile.is_some()),
             ("type", self.kind.is_some()),
@@ -314,11 +386,13 @@ impl<'a> Raw<'a> {
             ("ephemeral", self.ephemeral.is_some()),
         ];
         let many: Vec<&str> = given.iter().filter_map(|(n, g)| g.then_some(*n)).collect();
+        let refused = given.iter().any(|(n, _)| self.failed(n));
         match many.len() {
+            0 if refused => Ok(false),
             0 => {
                 bad("no volume source: give exactly one of profile, type, emptyDir, csi, ephemeral")
             }
-            1 => Ok(()),
+            1 => Ok(true),
             _ => bad(format!(
                 "{} are given together; give exactly one volume source",
                 many.join(" and ")
@@ -326,92 +400,100 @@ impl<'a> Raw<'a> {
         }
     }
 
-    /// The source (a profile with its size override, or a validated inline source), with the
-    /// first shorthand written that does not apply to it refused.
-    fn source(&self) -> Result<(Requested, Option<String>), Invalid> {
+    /// The source (a profile with its size override, or a validated inline source), each
+    /// shorthand written that does not apply to it refused.
+    fn source(&self, problems: &mut Problems) -> Option<(Requested, Option<String>)> {
         if let Some(profile) = self.profile {
-            self.only(Fit::Profile, || {
+            self.only(Fit::Profile, problems, || {
                 format!("profile={profile}: a profile fixes the volume source")
-            })?;
+            });
             if let Some(s) = self.size {
-                parse_size("size", s)?;
+                problems.check(parse_size("size", s));
             }
             let size = self.size.map(str::to_owned);
-            return Ok((Requested::Profile(profile.to_owned()), size));
+            return Some((Requested::Profile(profile.to_owned()), size));
         }
-        let source = if let Some(kind) = self.kind {
-            self.shorthand_source(kind)?
+        let (source, written) = if let Some(kind) = self.kind {
+            (self.shorthand_source(kind, problems)?, Written::Shorthand)
         } else {
-            self.only(Fit::Json, || {
+            self.only(Fit::Json, problems, || {
                 "a volume given as a JSON object; put it inside the object".to_owned()
-            })?;
-            if let Some(v) = self.empty_dir {
-                Source::EmptyDir(from_json_strict("emptyDir", v)?)
+            });
+            let source = if let Some(v) = self.empty_dir {
+                problems.check(from_json_strict("emptyDir", v).map(Source::EmptyDir))
             } else if let Some(v) = self.csi {
-                Source::Csi(from_json_strict("csi", v)?)
+                problems.check(from_json_strict("csi", v).map(Source::Csi))
             } else if let Some(v) = self.ephemeral {
-                Source::Ephemeral(Box::new(from_json_strict("ephemeral", v)?))
+                problems
+                    .check(from_json_strict("ephemeral", v).map(|e| Source::Ephemeral(Box::new(e))))
             } else {
-                return bad("no volume source");
-            }
+                None
+            };
+            (source?, Written::Object)
         };
         if self.size_request && source.kind() == VolumeKind::Csi {
-            return bad("size=request does not apply to a CSI inline volume");
+            problems.push("size=request does not apply to a CSI inline volume");
         }
-        source.validate(self.size_request)?;
-        Ok((Requested::Inline(source), None))
+        problems.check(source.validate(self.size_request, written));
+        Some((Requested::Inline(source), None))
     }
 
-    /// The mount fields, each checked and taken; the mount path written in its one spelling.
-    fn mount(&mut self) -> Result<Mount, Invalid> {
+    /// The mount fields, each checked; the mount path written in its one spelling.
+    fn mount(&mut self, problems: &mut Problems) -> Mount {
         if let Some(p) = self.mount_path {
-            validate::mount_path(p)?;
+            problems.check(validate::mount_path(p));
         }
         if let Some(p) = self.sub_path {
-            validate::sub_path(p)?;
+            problems.check(validate::sub_path(p));
         }
         for c in self.containers.iter().flatten() {
-            validate::dns_label("container name", c)?;
+            problems.check(validate::dns_label("container name", c));
         }
         if let Some(InitTargets::Named(names)) = &self.init_containers {
             for c in names {
-                validate::dns_label("init container name", c)?;
+                problems.check(validate::dns_label("init container name", c));
             }
         }
         for e in self.env.iter().flatten() {
-            validate::env_name(e)?;
+            problems.check(validate::env_name(e));
         }
-        Ok(Mount {
+        Mount {
             mount_path: self.mount_path.map(validate::normalize_path),
             read_only: self.read_only,
             sub_path: self.sub_path.map(str::to_owned),
             containers: self.containers.take(),
             init_containers: self.init_containers.take(),
             env: self.env.take(),
-        })
+        }
     }
 
     /// The source a `type=` shorthand describes, from the shorthand fields given with it.
-    fn shorthand_source(&self, kind: VolumeKind) -> Result<Source, Invalid> {
-        Ok(match kind {
+    fn shorthand_source(&self, kind: VolumeKind, problems: &mut Problems) -> Option<Source> {
+        Some(match kind {
             VolumeKind::EmptyDir => {
-                self.only(Fit::EmptyDir, || "type=emptyDir".to_owned())?;
+                self.only(Fit::EmptyDir, problems, || "type=emptyDir".to_owned());
                 Source::empty_dir(self.medium, self.size)
             }
             VolumeKind::Csi => {
-                self.only(Fit::Csi, || "type=csi".to_owned())?;
+                self.only(Fit::Csi, problems, || "type=csi".to_owned());
                 let Some(driver) = self.driver else {
-                    return bad("type=csi needs driver=<CSI driver name>");
+                    if !self.failed("driver") {
+                        problems.push("type=csi needs driver=<CSI driver name>");
+                    }
+                    return None;
                 };
                 // readOnly on the annotation means both the mount and the volume.
                 Source::csi(driver, self.fs_type, self.read_only, &self.attrs)
             }
             VolumeKind::Ephemeral => {
-                self.only(Fit::Ephemeral, || "type=ephemeral".to_owned())?;
+                self.only(Fit::Ephemeral, problems, || "type=ephemeral".to_owned());
                 if self.size.is_none() && !self.size_request {
-                    return bad(
-                        "type=ephemeral needs size=<quantity> (e.g. size=100Gi) or size=request",
-                    );
+                    if !self.failed("size") {
+                        problems.push(
+                            "type=ephemeral needs size=<quantity> (e.g. size=100Gi) or size=request",
+                        );
+                    }
+                    return None;
                 }
                 let access = self.access_mode.unwrap_or("ReadWriteOnce");
                 Source::ephemeral(self.storage_class, access, self.size)
@@ -419,12 +501,11 @@ impl<'a> Raw<'a> {
         })
     }
 
-    /// Refuses the first shorthand written that does not fit `fit` (`context` says what the
-    /// volume is, for the message).
-    fn only(&self, fit: Fit, context: impl FnOnce() -> String) -> Result<(), Invalid> {
-        match self.misfits[fit as usize] {
-            Some(s) => bad(format!("{s} does not apply to {}", context())),
-            None => Ok(()),
+    /// Refuses each shorthand written that does not fit `fit` (`context` says what the volume
+    /// is, for the message).
+    fn only(&self, fit: Fit, problems: &mut Problems, context: impl Fn() -> String) {
+        for s in &self.misfits[fit as usize] {
+            problems.push(format!("{s} does not apply to {}", context()));
         }
     }
 }

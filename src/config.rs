@@ -341,12 +341,13 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
     for (i, rule) in file.rules {
         // A profile that failed to compile is reported where it is defined, not again here.
         let defined = |p: &str| cfg.profiles.contains_key(p) || file.profiles.contains_key(p);
+        let written = rule.volumes.len();
         let rule = compile_rule(i, rule, &defined, &mut errors);
         check_rule(
             &cfg,
             &format!("rules[{i}] ({})", rule.name),
             &rule.namespaces,
-            &rule.volumes,
+            (&rule.volumes, written),
             &mut errors,
         );
         cfg.rules.push(rule);
@@ -424,7 +425,7 @@ fn check_rule(
     cfg: &Config,
     at: &str,
     namespaces: &Option<Vec<String>>,
-    volumes: &BTreeMap<String, VolumeRequest>,
+    (volumes, written): (&BTreeMap<String, VolumeRequest>, usize),
     errors: &mut Vec<String>,
 ) {
     if namespaces.as_ref().is_some_and(Vec::is_empty) {
@@ -432,7 +433,8 @@ fn check_rule(
             "{at}.namespaces is empty, so the rule matches no pod; leave it out to match every namespace"
         ));
     }
-    if volumes.is_empty() {
+    // Volumes that were written but refused are reported where they were read.
+    if written == 0 {
         errors.push(format!(
             "{at}.volumes is empty: the rule would inject nothing"
         ));

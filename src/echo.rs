@@ -1,13 +1,56 @@
 //! Bounds on what the webhook echoes back. An annotation value can be as large as the API
 //! server allows (256 KiB for all of them together); a refusal quotes it in `status.message`,
-//! in a warning and in the decision log, so the quote is cut.
+//! in a warning and in the decision log, so the quote is cut: each value a message quotes is
+//! cut where it is quoted ([`quoted`]), so that a reason is never cut away with it.
 
 use std::borrow::Cow;
 
-/// The most of one annotation's problem that a message carries (the value it quotes included).
-pub const ECHO_LIMIT: usize = 512;
-/// The most a whole denial message carries, every annotation's problem together.
+/// The most of one value that a message quotes.
+pub const VALUE_LIMIT: usize = 96;
+/// The most a whole denial message carries, every problem together (a safety net: with every
+/// quoted value cut, it takes dozens of problems to reach it).
 pub const MESSAGE_LIMIT: usize = 4096;
+
+/// A message of reasons joined by `"; "`, cut after the last whole reason that fits in `limit`
+/// bytes, saying how many more there were.
+pub fn reasons(message: &str, limit: usize) -> Cow<'_, str> {
+    if message.len() <= limit {
+        return Cow::Borrowed(message);
+    }
+    let total = message.split("; ").count();
+    let mut kept = 0;
+    let mut end = 0;
+    for (i, _) in message.match_indices("; ") {
+        if i > limit {
+            break;
+        }
+        end = i;
+        kept += 1;
+    }
+    if kept == 0 {
+        return bounded(message, limit);
+    }
+    Cow::Owned(format!(
+        "{}; … and {} more problems ({} bytes in all)",
+        &message[..end],
+        total - kept,
+        message.len()
+    ))
+}
+
+/// `s` quoted as Rust debug-quotes it (`"a\"b"`), cut to [`VALUE_LIMIT`] bytes first.
+pub fn quoted(s: &str) -> String {
+    match bounded(s, VALUE_LIMIT) {
+        Cow::Borrowed(s) => format!("{s:?}"),
+        Cow::Owned(_) => {
+            let mut end = VALUE_LIMIT;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{:?}… ({} bytes in all)", &s[..end], s.len())
+        }
+    }
+}
 
 /// `s` cut to at most `limit` bytes (on a character boundary), ending in an ellipsis and the
 /// original length when it was cut.
@@ -30,12 +73,39 @@ mod tests {
     fn long_text_is_cut_with_an_ellipsis_and_its_length() {
         assert_eq!(bounded("short", 10), "short");
         let long = "x".repeat(1 << 20);
-        let cut = bounded(&long, ECHO_LIMIT);
-        assert!(cut.len() < ECHO_LIMIT + 40, "{}", cut.len());
+        let cut = bounded(&long, MESSAGE_LIMIT);
+        assert!(cut.len() < MESSAGE_LIMIT + 40, "{}", cut.len());
         assert!(cut.ends_with("… (1048576 bytes in all)"), "{cut}");
         // Never inside a character.
         let wide = "é".repeat(400);
         let cut = bounded(&wide, 301);
         assert!(cut.starts_with(&"é".repeat(150)) && cut.contains("… (800 bytes in all)"));
+    }
+
+    #[test]
+    fn a_long_message_keeps_whole_reasons_and_counts_the_rest() {
+        let message = (0..100)
+            .map(|i| format!("reason {i}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let cut = reasons(&message, 40);
+        assert_eq!(
+            cut,
+            format!(
+                "reason 0; reason 1; reason 2; reason 3; … and 96 more problems ({} bytes in all)",
+                message.len()
+            )
+        );
+        assert_eq!(reasons("a; b", 40), "a; b");
+    }
+
+    #[test]
+    fn a_quoted_value_is_cut_after_its_closing_quote() {
+        assert_eq!(quoted("a\"b"), "\"a\\\"b\"");
+        let q = quoted(&"v".repeat(1000));
+        assert_eq!(
+            q,
+            format!("{:?}… (1000 bytes in all)", "v".repeat(VALUE_LIMIT))
+        );
     }
 }

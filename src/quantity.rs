@@ -15,7 +15,7 @@ pub struct Quantity {
 
 /// A quantity that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid quantity {input:?}: {reason}")]
+#[error("invalid quantity {}: {reason}", crate::echo::quoted(input))]
 pub struct QuantityError {
     /// What was given.
     pub input: String,

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::quantity::Quantity;
+use crate::{echo::quoted, quantity::Quantity};
 
 /// Why a value was refused. The message names the field; the caller adds where the value came
 /// from (the annotation key, or the place in the configuration file).
@@ -18,6 +18,63 @@ pub struct Invalid(pub String);
 /// `Err(Invalid(msg))`.
 pub fn bad<T>(msg: impl Into<String>) -> Result<T, Invalid> {
     Err(Invalid(msg.into()))
+}
+
+/// Every problem found in one value, in the order found, so that its author fixes all of them
+/// in one try. Finished into one [`Invalid`] whose reasons are joined by `"; "`.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<String>);
+
+impl Problems {
+    /// Keeps the problem of `r`, if any; its value otherwise.
+    pub fn check<T>(&mut self, r: Result<T, Invalid>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.0.push(e.0);
+                None
+            }
+        }
+    }
+
+    /// Keeps one more problem.
+    pub fn push(&mut self, reason: impl Into<String>) {
+        self.0.push(reason.into());
+    }
+
+    /// Whether no problem was found.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `value` when no problem was found, else every problem.
+    pub fn finish<T>(self, value: T) -> Result<T, Invalid> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(Invalid(self.0.join("; ")))
+        }
+    }
+}
+
+/// The candidate `word` most likely misspells: the same but for case, or at most two edits away
+/// (one for short words). `None` when nothing is that close.
+pub fn closest<'c>(word: &str, candidates: impl IntoIterator<Item = &'c str>) -> Option<&'c str> {
+    let lower = word.to_ascii_lowercase();
+    let limit = if word.len() <= 4 { 1 } else { 2 };
+    candidates
+        .into_iter()
+        .map(|c| {
+            let d = if c.to_ascii_lowercase() == lower {
+                0
+            } else {
+                strsim::damerau_levenshtein(word, c)
+            };
+            (d, c)
+        })
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
 }
 
 /// Parses JSON refusing a repeated key anywhere (serde_json keeps the last one silently, which
@@ -127,9 +184,14 @@ where
     let back = serde_json::to_value(&typed).map_err(|e| Invalid(format!("{field}: {e}")))?;
     let mut unknown = Vec::new();
     unknown_fields(json, &back, field, &mut unknown);
-    match unknown.first() {
-        Some(path) => bad(format!("unknown field {path}")),
-        None => Ok(typed),
+    if unknown.is_empty() {
+        Ok(typed)
+    } else {
+        let each: Vec<String> = unknown
+            .iter()
+            .map(|path| format!("unknown field {path}"))
+            .collect();
+        bad(each.join("; "))
     }
 }
 
@@ -162,7 +224,8 @@ pub fn parse_size(field: &str, s: &str) -> Result<Quantity, Invalid> {
         .map_err(|e| Invalid(format!("{field}: {e}")))?;
     if q.is_zero() {
         return bad(format!(
-            "{field} {s:?} is zero, which is no limit at all; give a size above zero"
+            "{field} {} is zero, which is no limit at all; give a size above zero",
+            quoted(s)
         ));
     }
     Ok(q)
@@ -171,18 +234,22 @@ pub fn parse_size(field: &str, s: &str) -> Result<Quantity, Invalid> {
 /// An absolute path below `/`, without `..`, `:` or NUL.
 pub fn mount_path(p: &str) -> Result<(), Invalid> {
     if !p.starts_with('/') {
-        return bad(format!("mountPath {p:?} must be an absolute path"));
+        return bad(format!("mountPath {} must be an absolute path", quoted(p)));
     }
     if normalize_path(p) == "/" {
         return bad(format!(
-            "mountPath {p:?} is the container's root; mount the volume below it"
+            "mountPath {} is the container's root; mount the volume below it",
+            quoted(p)
         ));
     }
     if has_dot_dot(p) {
-        return bad(format!("mountPath {p:?} must not contain '..'"));
+        return bad(format!("mountPath {} must not contain '..'", quoted(p)));
     }
     if p.bytes().any(|b| b == 0 || b == b':') {
-        return bad(format!("mountPath {p:?} must not contain ':' or NUL"));
+        return bad(format!(
+            "mountPath {} must not contain ':' or NUL",
+            quoted(p)
+        ));
     }
     Ok(())
 }
@@ -209,10 +276,10 @@ fn has_dot_dot(p: &str) -> bool {
 /// A relative path without `..`.
 pub fn sub_path(p: &str) -> Result<(), Invalid> {
     if p.starts_with('/') {
-        return bad(format!("subPath {p:?} must be a relative path"));
+        return bad(format!("subPath {} must be a relative path", quoted(p)));
     }
     if has_dot_dot(p) {
-        return bad(format!("subPath {p:?} must not contain '..'"));
+        return bad(format!("subPath {} must not contain '..'", quoted(p)));
     }
     Ok(())
 }
@@ -229,7 +296,8 @@ pub fn dns_label(what: &str, s: &str) -> Result<(), Invalid> {
         Ok(())
     } else {
         bad(format!(
-            "{what} {s:?} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)"
+            "{what} {} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)",
+            quoted(s)
         ))
     }
 }
@@ -241,7 +309,10 @@ pub fn dns_subdomain(what: &str, s: &str) -> Result<(), Invalid> {
     if ok {
         Ok(())
     } else {
-        bad(format!("{what} {s:?} is not a valid DNS-1123 subdomain"))
+        bad(format!(
+            "{what} {} is not a valid DNS-1123 subdomain",
+            quoted(s)
+        ))
     }
 }
 
@@ -313,7 +384,8 @@ pub fn env_name(s: &str) -> Result<(), Invalid> {
         Ok(())
     } else {
         bad(format!(
-            "env name {s:?} is not a valid environment variable name"
+            "env name {} is not a valid environment variable name",
+            quoted(s)
         ))
     }
 }

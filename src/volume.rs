@@ -15,8 +15,9 @@ use k8s_openapi::{
 use serde_json::value::RawValue;
 
 use crate::{
+    echo::quoted,
     quantity::Quantity,
-    validate::{self, Invalid, bad},
+    validate::{self, Invalid, Problems, bad},
 };
 
 /// The three volume kinds, spelled as the Pod API spells them.
@@ -61,7 +62,8 @@ impl FromStr for VolumeKind {
             .find(|k| k.as_str() == s)
             .ok_or_else(|| {
                 Invalid(format!(
-                    "type {s:?} is not one of emptyDir, csi, ephemeral (spelled as in the Pod API)"
+                    "type {} is not one of emptyDir, csi, ephemeral (spelled as in the Pod API)",
+                    quoted(s)
                 ))
             })
     }
@@ -168,16 +170,20 @@ impl Source {
 
     /// The size asked for: an emptyDir's `sizeLimit` or the PVC template's `storage` request.
     pub fn size(&self) -> Result<Option<Quantity>, Invalid> {
-        let parse = |q: &K8sQuantity| validate::parse_size("size", &q.0);
+        let parse = |field: &str, q: &K8sQuantity| validate::parse_size(field, &q.0);
         match self {
-            Source::EmptyDir(e) => e.size_limit.as_ref().map(parse).transpose(),
+            Source::EmptyDir(e) => e
+                .size_limit
+                .as_ref()
+                .map(|q| parse("emptyDir.sizeLimit", q))
+                .transpose(),
             Source::Ephemeral(e) => e
                 .volume_claim_template
                 .as_ref()
                 .and_then(|t| t.spec.resources.as_ref())
                 .and_then(|r| r.requests.as_ref())
                 .and_then(|r| r.get("storage"))
-                .map(parse)
+                .map(|q| parse(STORAGE, q))
                 .transpose(),
             Source::Csi(_) => Ok(None),
         }
@@ -243,83 +249,129 @@ impl Source {
         })
     }
 
-    /// Checks what Kubernetes itself would reject later, so the user hears it from us with the key.
-    /// `sized_later`: the size comes from the pod (`size=request`), so a PVC may have none yet.
-    pub fn validate(&self, sized_later: bool) -> Result<(), Invalid> {
+    /// Checks what Kubernetes itself would reject later, so the user hears it from us, every
+    /// problem at once, each under the name it was `written` with. `sized_later`: the size comes
+    /// from the pod (`size=request`), so a PVC may have none yet.
+    pub fn validate(&self, sized_later: bool, written: Written) -> Result<(), Invalid> {
+        let mut problems = Problems::default();
         match self {
-            Source::EmptyDir(e) => validate_empty_dir(e),
-            Source::Csi(c) => validate_csi(c),
-            Source::Ephemeral(e) => validate_ephemeral(e, sized_later),
+            Source::EmptyDir(e) => validate_empty_dir(e, written, &mut problems),
+            Source::Csi(c) => validate_csi(c, written, &mut problems),
+            Source::Ephemeral(e) => validate_ephemeral(e, sized_later, written, &mut problems),
+        }
+        problems.finish(())
+    }
+}
+
+/// How a source was written: its messages name the fields as the user wrote them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// `type=…` with the shorthands (`size`, `medium`, `storageClass`, `accessMode`, `driver`).
+    Shorthand,
+    /// A Kubernetes volume source object (`emptyDir`, `csi`, `ephemeral`), as in a profile.
+    Object,
+}
+
+impl Written {
+    fn name(self, shorthand: &'static str, object: &'static str) -> &'static str {
+        match self {
+            Written::Shorthand => shorthand,
+            Written::Object => object,
         }
     }
 }
 
+const PVC_SPEC: &str = "ephemeral.volumeClaimTemplate.spec";
+
 /// An emptyDir: a medium the kubelet knows, a size that parses.
-fn validate_empty_dir(e: &EmptyDirVolumeSource) -> Result<(), Invalid> {
+fn validate_empty_dir(e: &EmptyDirVolumeSource, written: Written, problems: &mut Problems) {
     if let Some(m) = &e.medium
         && !(m.is_empty() || m == "Memory" || m == "HugePages" || m.starts_with("HugePages-"))
     {
-        return bad(format!(
-            "medium {m:?} is not one of \"\" (node disk), Memory, HugePages"
+        problems.push(format!(
+            "{} {} is not one of \"\" (node disk), Memory, HugePages",
+            written.name("medium", "emptyDir.medium"),
+            quoted(m)
         ));
     }
     if let Some(q) = &e.size_limit {
-        validate::parse_size("size", &q.0)?;
+        problems.check(validate::parse_size(
+            written.name("size", "emptyDir.sizeLimit"),
+            &q.0,
+        ));
     }
-    Ok(())
 }
 
 /// A CSI inline volume: a driver name the API server accepts, a Secret name if one is given.
-fn validate_csi(c: &CSIVolumeSource) -> Result<(), Invalid> {
+fn validate_csi(c: &CSIVolumeSource, written: Written, problems: &mut Problems) {
+    let field = written.name("driver", "csi.driver");
     if c.driver.trim().is_empty() {
-        return bad("csi.driver is empty");
+        problems.push(format!("{field} is empty"));
+    } else if c.driver.len() > 63 {
+        problems.push(format!(
+            "{field}: CSI driver {} is longer than 63 characters",
+            quoted(&c.driver)
+        ));
+    } else {
+        problems.check(validate::dns_subdomain("CSI driver", &c.driver));
     }
-    if c.driver.len() > 63 {
-        return bad(format!(
-            "CSI driver {:?} is longer than 63 characters",
-            c.driver
+    if let Some(r) = &c.node_publish_secret_ref {
+        problems.check(validate::dns_subdomain(
+            "csi.nodePublishSecretRef.name",
+            &r.name,
         ));
     }
-    validate::dns_subdomain("CSI driver", &c.driver)?;
-    if let Some(r) = &c.node_publish_secret_ref {
-        validate::dns_subdomain("csi.nodePublishSecretRef.name", &r.name)?;
-    }
-    Ok(())
 }
 
 /// A generic ephemeral volume: a claim template the API server accepts and a pod can mount at a
 /// path (access modes, Filesystem mode, a storage class name, a size unless it comes later).
-fn validate_ephemeral(e: &EphemeralVolumeSource, sized_later: bool) -> Result<(), Invalid> {
+fn validate_ephemeral(
+    e: &EphemeralVolumeSource,
+    sized_later: bool,
+    written: Written,
+    problems: &mut Problems,
+) {
     let Some(t) = &e.volume_claim_template else {
-        return bad("ephemeral.volumeClaimTemplate is required");
+        problems.push("ephemeral.volumeClaimTemplate is required");
+        return;
     };
     let spec = &t.spec;
     let modes = spec.access_modes.as_deref().unwrap_or_default();
+    let modes_field = written.name(
+        "accessMode",
+        "ephemeral.volumeClaimTemplate.spec.accessModes",
+    );
     if modes.is_empty() {
-        return bad("ephemeral.volumeClaimTemplate.spec.accessModes is required");
+        problems.push(format!("{PVC_SPEC}.accessModes is required"));
     }
-    if let Some(m) = modes.iter().find(|m| !ACCESS_MODES.contains(&m.as_str())) {
-        return bad(format!(
-            "accessMode {m:?} is not one of {}",
+    for m in modes.iter().filter(|m| !ACCESS_MODES.contains(&m.as_str())) {
+        problems.push(format!(
+            "{modes_field} {} is not one of {}",
+            quoted(m),
             ACCESS_MODES.join(", ")
         ));
     }
     if let Some(meta) = &t.metadata {
-        validate::template_metadata(meta)?;
+        problems.check(validate::template_metadata(meta));
     }
     match spec.volume_mode.as_deref() {
         None | Some("Filesystem") => {}
-        Some("Block") => {
-            return bad("volumeMode Block cannot be mounted at a mountPath; use Filesystem");
-        }
-        Some(other) => {
-            return bad(format!(
-                "volumeMode {other:?} is not Filesystem (the only mode a mountPath can use)"
-            ));
-        }
+        Some("Block") => problems.push(format!(
+            "{PVC_SPEC}.volumeMode Block cannot be mounted at a mountPath; use Filesystem"
+        )),
+        Some(other) => problems.push(format!(
+            "{PVC_SPEC}.volumeMode {} is not Filesystem (the only mode a mountPath can use)",
+            quoted(other)
+        )),
     }
     if let Some(sc) = &spec.storage_class_name {
-        validate::dns_subdomain("storageClass", sc)?;
+        problems.check(validate::dns_subdomain(
+            written.name(
+                "storageClass",
+                "ephemeral.volumeClaimTemplate.spec.storageClassName",
+            ),
+            sc,
+        ));
     }
     let storage = spec
         .resources
@@ -327,11 +379,15 @@ fn validate_ephemeral(e: &EphemeralVolumeSource, sized_later: bool) -> Result<()
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"));
     match storage {
-        Some(q) => validate::parse_size("size", &q.0).map(|_| ()),
-        None if sized_later => Ok(()),
-        None => bad("ephemeral.volumeClaimTemplate.spec.resources.requests.storage is required"),
+        Some(q) => {
+            problems.check(validate::parse_size(written.name("size", STORAGE), &q.0));
+        }
+        None if sized_later => {}
+        None => problems.push(format!("{STORAGE} is required")),
     }
 }
+
+const STORAGE: &str = "ephemeral.volumeClaimTemplate.spec.resources.requests.storage";
 
 /// A source serialised once, when the configuration is loaded: a pod that uses a profile as is
 /// gets these bytes in its patch.

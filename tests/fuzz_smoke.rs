@@ -163,7 +163,10 @@ fn names_its_input(value: &str, message: &str) -> bool {
             }
         }
     }
-    let quoted = pieces.iter().any(|p| message.contains(&format!("{p:?}")));
+    // Quoted whole, or (a long one) cut where it is quoted.
+    let quoted = pieces
+        .iter()
+        .any(|p| message.contains(&evi::echo::quoted(p)));
     // A field named in the message's own words must be one the input gives.
     let named_field = pieces.iter().any(|p| {
         let p = p.trim();

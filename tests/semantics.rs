@@ -342,17 +342,17 @@ fn mount_paths_have_one_spelling() {
         (
             "type=emptyDir,mountPath=/workspace/",
             422,
-            "already mounts volume \"vol-1\" at /workspace",
+            "already mounts the pod's volume \"vol-1\" at /workspace",
         ),
         (
             "type=emptyDir,mountPath=//workspace",
             422,
-            "already mounts volume \"vol-1\" at /workspace",
+            "already mounts the pod's volume \"vol-1\" at /workspace",
         ),
         (
             "type=emptyDir,mountPath=/./workspace/.",
             422,
-            "already mounts volume \"vol-1\" at /workspace",
+            "already mounts the pod's volume \"vol-1\" at /workspace",
         ),
     ] {
         let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": annotation})));
@@ -749,4 +749,173 @@ fn size_request_without_a_request_or_over_policy_is_refused() {
     // The rule's own request-sized volume within policy.
     let d = decide(&c, &two_containers(Some("10Gi"), None, json!({})));
     assert_eq!(d.verdict, "mutated", "{}", d.message);
+}
+
+// === Guards: every mistake is reported in one answer, naming what the user wrote ===
+
+/// Each of a request's N independent mistakes is one reason of the one answer.
+#[test]
+fn a_request_with_n_mistakes_gets_n_reasons() {
+    let c = Config::default();
+    // One annotation, three mistakes.
+    let d = decide(
+        &c,
+        &pod(
+            json!({"ephemeral-volumes.io/a": "type=emptyDir,size=10GB,mountPath=scratch,medium=ram"}),
+        ),
+    );
+    assert_eq!(d.code, Some(400));
+    assert_eq!(
+        d.message,
+        "annotation ephemeral-volumes.io/a: medium \"ram\" is not one of \"\" (node disk), Memory, HugePages; \
+         size: invalid quantity \"10GB\": unknown suffix (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or m); \
+         mountPath \"scratch\" must be an absolute path"
+    );
+    // Three annotations: two volumes at one path, a third for a container the pod lacks.
+    let d = decide(
+        &c,
+        &pod(json!({
+            "ephemeral-volumes.io/a": "type=emptyDir,mountPath=/scratch",
+            "ephemeral-volumes.io/b": "type=emptyDir,mountPath=/scratch",
+            "ephemeral-volumes.io/c": "type=emptyDir,mountPath=/c,containers=nope",
+        })),
+    );
+    assert_eq!(d.code, Some(422));
+    assert_eq!(
+        d.message,
+        "annotation ephemeral-volumes.io/c: container \"nope\" is not in the pod (its containers: main); \
+         volume \"b\" (annotation ephemeral-volumes.io/b): container \"main\" already mounts \
+         volume \"a\" (annotation ephemeral-volumes.io/a) at /scratch"
+    );
+    // Kinds mixed: every reason, the code of the worst (400).
+    let d = decide(
+        &c,
+        &pod(json!({
+            "ephemeral-volumes.io/a": "type=emptyDir,mountPath=/workspace",
+            "ephemeral-volumes.io/b": "type=emptyDir,mountPath=/b,sizee=1Gi",
+        })),
+    );
+    assert_eq!(d.code, Some(400));
+    assert_eq!(
+        d.message,
+        "annotation ephemeral-volumes.io/b: unknown field \"sizee\": did you mean size?; \
+         volume \"a\" (annotation ephemeral-volumes.io/a): container \"main\" already mounts \
+         the pod's volume \"vol-1\" at /workspace"
+    );
+    // A refused annotation keeps its name: a rule's volume of that name is not injected
+    // instead (nor blamed for a clash the author did not write).
+    let ruled =
+        cfg("rules:\n  - name: scratch\n    volumes:\n      s: type=emptyDir,mountPath=/s\n");
+    let d = decide(
+        &ruled,
+        &pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=s"})),
+    );
+    assert_eq!(
+        d.message,
+        "annotation ephemeral-volumes.io/s: mountPath \"s\" must be an absolute path"
+    );
+    // A clash with a volume a rule injects names the rule.
+    let d = decide(
+        &ruled,
+        &pod(json!({"ephemeral-volumes.io/x": "type=emptyDir,mountPath=/s"})),
+    );
+    assert_eq!(
+        d.message,
+        "volume \"x\" (annotation ephemeral-volumes.io/x): container \"main\" already mounts \
+         volume \"s\" (rule scratch, volume s) at /s"
+    );
+}
+
+#[test]
+fn a_quoted_value_is_cut_never_the_reason() {
+    // A CSI annotation of 683 bytes with `;` for `,`: the value is cut, the reason is whole.
+    let attrs: String = (0..40)
+        .map(|i| format!(";attr.k{i:02}=value-{i:03}"))
+        .collect();
+    let value = format!("type=csi;driver=secrets-store.csi.k8s.io{attrs},mountPath=/m");
+    let d = decide(
+        &Config::default(),
+        &pod(json!({"ephemeral-volumes.io/s": value})),
+    );
+    let type_value = value
+        .split(',')
+        .next()
+        .unwrap()
+        .strip_prefix("type=")
+        .unwrap();
+    assert_eq!(
+        d.message,
+        format!(
+            "annotation ephemeral-volumes.io/s: type {:?}… ({} bytes in all) is not one of emptyDir, csi, ephemeral (spelled as in the Pod API)",
+            &type_value[..evi::echo::VALUE_LIMIT],
+            type_value.len()
+        )
+    );
+}
+
+#[test]
+fn near_misses_get_the_string_that_was_meant() {
+    let c = Config::default();
+    for (value, want) in [
+        (
+            "[type:emptyDir, mountPath:/scratch, size:1Gi]",
+            "annotation ephemeral-volumes.io/s: \"[type:emptyDir, mountPath:/scratch, size:1Gi]\" looks like key:value pairs \
+             (or a Groovy map written as a string); write key=value pairs separated by commas: \
+             did you mean \"type=emptyDir,mountPath=/scratch,size=1Gi\"?",
+        ),
+        (
+            "type:emptyDir,size:1Gi",
+            "annotation ephemeral-volumes.io/s: \"type:emptyDir,size:1Gi\" looks like key:value pairs \
+             (or a Groovy map written as a string); write key=value pairs separated by commas: \
+             did you mean \"type=emptyDir,size=1Gi\"?",
+        ),
+        (
+            "type=emptyDir,size:1Gi,mountPath=/s",
+            "annotation ephemeral-volumes.io/s: \"size:1Gi\" is not a key=value pair: did you mean size=1Gi?",
+        ),
+        (
+            "type=emptyDir,mountpath=/s",
+            "annotation ephemeral-volumes.io/s: unknown field \"mountpath\": did you mean mountPath?",
+        ),
+        (
+            "type=ephemeral,storageclass=gp3,size=1Gi,mountPath=/s",
+            "annotation ephemeral-volumes.io/s: unknown field \"storageclass\": did you mean storageClass?",
+        ),
+    ] {
+        let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": value})));
+        assert_eq!((d.code, d.message.as_str()), (Some(400), want), "{value}");
+    }
+    // A profile name is still a profile name (no colon, no hint).
+    let d = decide(&c, &pod(json!({"ephemeral-volumes.io/s": "ebs-200g"})));
+    assert!(d.message.contains("profile \"ebs-200g\""), "{}", d.message);
+}
+
+#[test]
+fn errors_name_the_field_as_written() {
+    assert_eq!(
+        config_errors(
+            "profiles:\n  big:\n    mountPath: scratch\n    ephemeral:\n      volumeClaimTemplate:\n        spec:\n          accessModes: [ReadWriteOnce]\n          resources: {requests: {storage: 10GB}}\n  zero:\n    mountPath: /z\n    emptyDir: {sizeLimit: \"0\"}\n"
+        ),
+        "profiles.big: ephemeral.volumeClaimTemplate.spec.resources.requests.storage: invalid quantity \"10GB\": \
+         unknown suffix (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or m); mountPath \"scratch\" must be an absolute path\n\
+         profiles.zero: emptyDir.sizeLimit \"0\" is zero, which is no limit at all; give a size above zero"
+    );
+    // A rule whose only volume is misspelt hears of the misspelling, not of an empty rule.
+    assert_eq!(
+        config_errors(
+            "rules:\n  - name: r\n    volumes:\n      s: {type: emptyDir, mountpath: /s}\n"
+        ),
+        "rules[0] (r).volumes.s: unknown field \"mountpath\": did you mean mountPath?"
+    );
+    // No empty list in a message.
+    let d = decide(
+        &Config::default(),
+        &pod(
+            json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s,initContainers=setup;fetch"}),
+        ),
+    );
+    assert_eq!(
+        d.message,
+        "annotation ephemeral-volumes.io/s: init containers \"setup\", \"fetch\" are not in the pod (the pod has no init containers)"
+    );
 }

@@ -58,7 +58,7 @@ pub fn decide(
     match decide_or_refuse(cfg, checks, pod, at) {
         Ok(decision) => decision,
         Err(mut denial) => {
-            if let Cow::Owned(cut) = echo::bounded(&denial.message, echo::MESSAGE_LIMIT) {
+            if let Cow::Owned(cut) = echo::reasons(&denial.message, echo::MESSAGE_LIMIT) {
                 denial.message = cut;
             }
             apply_on_error(cfg, pod, at, denial)
@@ -72,8 +72,9 @@ fn decide_or_refuse(
     pod: &PodView,
     at: PodLocation<'_>,
 ) -> Result<Decision, Denial> {
-    let requests = request::collect(cfg, pod, at.namespace)?;
+    let (requests, mut errors) = request::collect(cfg, pod, at.namespace)?;
     if requests.is_empty() {
+        combine(errors)?;
         return Ok(Decision::Unchanged {
             warnings: Vec::new(),
         });
@@ -83,11 +84,14 @@ fn decide_or_refuse(
             "the pod has no containers to mount volumes in",
         ));
     }
-    let volumes = resolve::all(cfg, checks.map(|c| c.0), pod, requests)?;
+    // Every problem at once: the requests that could be read are resolved, and those that
+    // resolved are set against the pod, whatever the others' errors.
+    let volumes = resolve::all(cfg, checks.map(|c| c.0), pod, requests, &mut errors);
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
+    let mut plan = plan::plan(pod, &volumes, &cfg.injected, &mut errors);
+    combine(errors)?;
     let unavailable = unavailable(mode, &volumes)?;
 
-    let mut plan = plan::plan(pod, &volumes, &cfg.injected)?;
     for v in &volumes {
         if let Some(Finding::Suspect(m)) = &v.cluster {
             plan.warnings.push(format!("volume {}: {m}", v.name));

@@ -119,15 +119,19 @@ impl Plan {
 /// The plan for these volumes on this pod: new volumes (identical ones already there count as
 /// done, different ones are conflicts), mounts and variables per container (a path taken by
 /// another volume is a conflict, a variable already set is left alone), the record annotation
-/// (every volume the webhook manages on this pod) and the warnings.
+/// (every volume the webhook manages on this pod) and the warnings; every conflict into
+/// `errors`.
 pub(super) fn plan(
     pod: &PodView,
     volumes: &[Resolved],
     record: &StatusKey,
-) -> Result<Plan, Denial> {
+    errors: &mut Vec<Denial>,
+) -> Plan {
     let mut plan = Plan::new(pod);
     for v in volumes {
-        add_volume(&mut plan, pod, v)?;
+        if let Err(d) = add_volume(&mut plan, pod, v) {
+            errors.push(d);
+        }
     }
     let lists = [
         (ContainerList::Containers, pod.containers()),
@@ -152,8 +156,10 @@ pub(super) fn plan(
                 },
             };
             for v in volumes.iter().filter(|v| targets(v)) {
-                mount(&mut changes, &mut plan.warnings, c, v)?;
-                set_env(&mut changes, &mut plan.warnings, c, v);
+                match mount(&mut changes, &mut plan.warnings, c, v, volumes) {
+                    Ok(()) => set_env(&mut changes, &mut plan.warnings, c, v),
+                    Err(d) => errors.push(d),
+                }
             }
             if !(changes.mounts.items.is_empty() && changes.env.items.is_empty()) {
                 plan.containers.push(changes);
@@ -162,7 +168,7 @@ pub(super) fn plan(
     }
     let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
     plan.annotate(pod, record, names.join(","));
-    Ok(plan)
+    plan
 }
 
 /// A new volume, or one the pod already has identically (nothing to add).
@@ -210,6 +216,7 @@ fn mount(
     warnings: &mut Vec<String>,
     c: &ContainerView,
     v: &Resolved,
+    volumes: &[Resolved],
 ) -> Result<(), Denial> {
     let want = normalize_path(&v.mount_path);
     let existing = c
@@ -227,10 +234,21 @@ fn mount(
         .find(|(path, _)| normalize_path(path) == want);
     match taken {
         Some((_, name)) if name == v.name => Ok(()),
-        Some((_, other)) => Err(Denial::conflict(format!(
-            "volume {:?}: container {:?} already mounts volume {other:?} at {}",
-            v.name, c.name, v.mount_path
-        ))),
+        Some((_, other)) => {
+            // Where the other volume came from: this request's own annotation or rule, or
+            // the pod itself.
+            let from = match volumes.iter().find(|o| o.name == other) {
+                Some(o) => format!("volume {other:?} ({})", o.origin.describe(other)),
+                None => format!("the pod's volume {other:?}"),
+            };
+            Err(Denial::conflict(format!(
+                "volume {:?} ({}): container {:?} already mounts {from} at {}",
+                v.name,
+                v.origin.describe(&v.name),
+                c.name,
+                v.mount_path
+            )))
+        }
         None => {
             changes.mounts.items.push(patch::VolumeMount {
                 mount_path: v.mount_path.clone(),

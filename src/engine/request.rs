@@ -1,10 +1,7 @@
 //! What a pod asks for: its annotations (checked against policy), then the volumes of every
 //! rule that matches it (trusted: the admin wrote them).
 
-use super::combine;
-use crate::{
-    config::Config, decision::Denial, echo, pod::PodView, validate, volume::VolumeRequest,
-};
+use crate::{config::Config, decision::Denial, pod::PodView, validate, volume::VolumeRequest};
 
 /// Where a request came from, for messages and for policy.
 #[derive(Debug, Clone)]
@@ -38,14 +35,16 @@ pub(super) struct Request {
 }
 
 /// Every volume the pod asks for, by name; an annotation wins over a rule for the same name,
-/// and the first matching rule over later ones. Every annotation error at once.
+/// and the first matching rule over later ones. Every annotation error, beside the requests
+/// that could be read (a refused annotation still keeps its name from the rules).
 pub(super) fn collect(
     cfg: &Config,
     pod: &PodView,
     namespace: &str,
-) -> Result<Vec<Request>, Denial> {
+) -> Result<(Vec<Request>, Vec<Denial>), Denial> {
     let mut requests = Vec::new();
     let mut errors = Vec::new();
+    let mut refused = Vec::new();
     for (key, value) in pod.annotations().into_iter().flatten() {
         let Some(name) = key
             .strip_prefix(cfg.prefix.as_str())
@@ -61,13 +60,12 @@ pub(super) fn collect(
                 origin: Origin::Annotation(key.to_string()),
                 request,
             }),
-            Err(e) => errors.push(Denial::invalid(format!(
-                "annotation {key}: {}",
-                echo::bounded(&e.0, echo::ECHO_LIMIT)
-            ))),
+            Err(e) => {
+                errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
+                refused.push(name);
+            }
         }
     }
-    combine(errors)?;
     // Labels are decoded only once a rule's namespaces match.
     let mut labels = None;
     for rule in cfg.rules.iter().filter(|r| r.in_namespace(namespace)) {
@@ -81,7 +79,7 @@ pub(super) fn collect(
             continue;
         }
         for (name, request) in &rule.volumes {
-            if !requests.iter().any(|r| r.name == *name) {
+            if !requests.iter().any(|r| r.name == *name) && !refused.contains(&name.as_str()) {
                 requests.push(Request {
                     name: name.clone(),
                     origin: Origin::Rule(rule.name.clone()),
@@ -91,5 +89,5 @@ pub(super) fn collect(
         }
     }
     requests.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(requests)
+    Ok((requests, errors))
 }

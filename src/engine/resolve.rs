@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use super::{
-    combine, policy,
+    policy,
     request::{Origin, Request},
     targets::{self, Targets},
 };
@@ -39,17 +39,16 @@ pub(super) struct Resolved {
     pub cluster: Option<Finding>,
 }
 
-/// Every request resolved: all errors of the worst kind at once, and the count held to
-/// `maxVolumesPerPod`.
+/// Every request resolved, and every error beside (the count held to `maxVolumesPerPod`).
 pub(super) fn all(
     cfg: &Config,
     cluster: Option<&ClusterState>,
     pod: &PodView,
     requests: Vec<Request>,
-) -> Result<Vec<Resolved>, Denial> {
+    errors: &mut Vec<Denial>,
+) -> Vec<Resolved> {
     let count = requests.len();
     let mut volumes = Vec::with_capacity(count);
-    let mut errors = Vec::new();
     for request in requests {
         match resolve(cfg, cluster, pod, request) {
             Ok(v) => volumes.push(v),
@@ -59,8 +58,7 @@ pub(super) fn all(
     if let Err(d) = policy::volume_count(&cfg.policy, count) {
         errors.push(d);
     }
-    combine(errors)?;
-    Ok(volumes)
+    volumes
 }
 
 fn resolve(

@@ -2,6 +2,7 @@
 
 use crate::{
     decision::Denial,
+    echo::quoted,
     pod::{ContainerView, PodView},
     quantity::Quantity,
     volume::InitTargets,
@@ -30,19 +31,31 @@ pub(super) fn find(
     containers: Option<&[String]>,
     init: Option<&InitTargets>,
 ) -> Result<(Targets, Targets), Denial> {
+    // Every name missing at once, and what the pod has instead.
     let positions = |list: &[ContainerView], names: &[String], what: &str| {
-        names
+        let missing: Vec<String> = names
             .iter()
-            .map(|n| {
-                list.iter().position(|c| *c.name == **n).ok_or_else(|| {
-                    let present: Vec<&str> = list.iter().map(|c| &*c.name).collect();
-                    Denial::conflict(format!(
-                        "{what} {n:?} is not in the pod ({what}s: {})",
-                        present.join(", ")
-                    ))
-                })
-            })
-            .collect::<Result<Vec<usize>, Denial>>()
+            .filter(|n| !list.iter().any(|c| *c.name == ***n))
+            .map(|n| quoted(n))
+            .collect();
+        if missing.is_empty() {
+            return Ok(names
+                .iter()
+                .filter_map(|n| list.iter().position(|c| *c.name == **n))
+                .collect::<Vec<usize>>());
+        }
+        let present: Vec<&str> = list.iter().map(|c| &*c.name).collect();
+        let has = match present.as_slice() {
+            [] => format!("the pod has no {what}s"),
+            _ => format!("its {what}s: {}", present.join(", ")),
+        };
+        let missing = match missing.as_slice() {
+            [one] => format!("{what} {one} is"),
+            many => format!("{what}s {} are", many.join(", ")),
+        };
+        Err(Denial::conflict(format!(
+            "{missing} not in the pod ({has})"
+        )))
     };
     let containers = match containers {
         Some(names) => Targets::Listed(positions(pod.containers(), names, "container")?),
