@@ -635,19 +635,22 @@ def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(clu
             hook = cluster.kubectl("logs", "-n", RELEASE_NS, f"job/{full}-check-install", check=False)
             raise AssertionError(f"{p.stderr}\nthe install check said:\n{hook.stdout}{hook.stderr}\n"
                                  f"cert-manager's log:\n{cert_manager.read_text()[-3000:]}")
-        secret = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]
-        ca = base64.b64decode(secret["ca.crt"])
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            for w in cluster.get(kind, full)["webhooks"]:
-                assert base64.b64decode(w["clientConfig"]["caBundle"]) == ca, (kind, w["name"])
         pods = release_pods(cluster, release)
-        first = ssl.PEM_cert_to_DER_cert(base64.b64decode(secret["tls.crt"]).decode())
-        assert [served_certificate(p["status"]["podIP"]) for p in pods] == [first] * 2
 
-        asks = asking_pod("x")
-        asks["metadata"]["annotations"] = {f"{prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"}
+        def serving() -> tuple[bytes, bytes]:
+            """The serving certificate (DER) and the CA it came from (PEM), as the Secret holds them."""
+            data = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]
+            return (ssl.PEM_cert_to_DER_cert(base64.b64decode(data["tls.crt"]).decode()),
+                    base64.b64decode(data["ca.crt"]))
 
-        def renew():
+        def trusted(ca: bytes) -> bool:
+            return all(base64.b64decode(w["clientConfig"]["caBundle"]) == ca
+                       for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+                       for w in cluster.get(kind, full)["webhooks"])
+
+        def renew(first: bytes) -> bytes:
+            """Forces a renewal, as `cmctl renew` does (an Issuing condition), and waits until
+            every replica serves the new certificate."""
             cert = cluster.get("certificate", f"{full}-serving", "-n", RELEASE_NS)
             conditions = [c for c in cert["status"].get("conditions", []) if c["type"] != "Issuing"]
             conditions.append({"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
@@ -655,36 +658,42 @@ def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(clu
                                "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             cluster.kubectl("patch", "certificate", f"{full}-serving", "-n", RELEASE_NS, "--subresource=status",
                             "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}))
-
-            def renewed():
-                data = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]
-                der = ssl.PEM_cert_to_DER_cert(base64.b64decode(data["tls.crt"]).decode())
-                return der if der != first else None
-            new = wait_for("a renewed certificate in the Secret", renewed, timeout=60, interval=1)
+            new = wait_for("a renewed certificate in the Secret",
+                           lambda: serving()[0] if serving()[0] != first else None, timeout=60, interval=1)
             wait_for("every replica serving the renewed certificate",
                      lambda: all(served_certificate(p["status"]["podIP"]) == new for p in pods),
                      timeout=150, interval=1)
             return new
 
+        first, ca = serving()
+        assert trusted(ca)
+        assert [served_certificate(p["status"]["podIP"]) for p in pods] == [first] * 2
+        # cert-manager may issue the chart's CA twice at install (its trigger controller can see
+        # the Certificate's new status before its new Secret, a stale cache: met once in CI, both
+        # CAs signed within one second); the serving certificate then comes from a CA that is no
+        # longer the CA Secret's, and its next renewal from another CA (docs/helm.md says what
+        # that costs). The renewal measured below is the same-CA renewal of every later one:
+        # when the CAs differ, one renewal first, unmeasured, settles it.
+        ca_now = base64.b64decode(cluster.get("secret", f"{full}-ca", "-n", RELEASE_NS)["data"]["tls.crt"])
+        if ca_now != ca:
+            events = cluster.get("events", "-n", RELEASE_NS, "--field-selector",
+                                 f"involvedObject.kind=Certificate,involvedObject.name={full}-ca,reason=Issuing")
+            print(f"\ncert-manager issued the chart's CA again after the serving certificate: "
+                  f"{[(e.get('count') or 1, e['message']) for e in events['items']]}; one renewal to settle")
+            first = renew(first)
+            _, ca = serving()
+            assert ca == ca_now
+            wait_for("the caBundle to be the CA's", lambda: trusted(ca), timeout=30, interval=1)
+
+        asks = asking_pod("x")
+        asks["metadata"]["annotations"] = {f"{prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"}
         with SteadyCreator(cluster, asks) as load:
-            during = load.during(renew)
+            during = load.during(lambda: renew(first))
         print(f"\ncert-manager renewal: {load.sent} pods sent, {during} during the renewal, {load.refused} refused")
         assert during >= 3, during
         assert load.refused == 0, load.errors[:3]
-        # The injector followed the Secret: both configurations trust the CA the renewed
-        # certificate came from. Usually the same CA; not always: cert-manager may issue the
-        # chart's CA twice at install (its trigger controller can see the Certificate's status
-        # before its new Secret, a stale cache: seen once in CI, both CAs signed within one
-        # second), and then the first renewal comes from the second CA.
-        now_ca = base64.b64decode(cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]["ca.crt"])
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            wait_for(f"the caBundle of {kind} {full} to be the renewed certificate's CA",
-                     lambda kind=kind: all(base64.b64decode(w["clientConfig"]["caBundle"]) == now_ca
-                                           for w in cluster.get(kind, full)["webhooks"]), timeout=30, interval=1)
-        events = cluster.get("events", "-n", RELEASE_NS, "--field-selector",
-                             f"involvedObject.kind=Certificate,involvedObject.name={full}-ca,reason=Issuing")
-        issued = [(e.get("count") or 1, e["message"]) for e in events["items"]]
-        print(f"cert-manager renewal: CA {'changed' if now_ca != ca else 'unchanged'}; the CA's issuing events: {issued}")
+        # Same CA: the injected caBundle did not have to change.
+        assert serving()[1] == ca and trusted(ca)
     finally:
         cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
         cluster.kubectl("delete", "certificate,issuer", "-l", f"app.kubernetes.io/instance={release}",
