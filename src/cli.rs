@@ -60,10 +60,25 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct MutateArgs {
     /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet, as YAML or JSON; `-`
-    /// for stdin. A multi-document stream or a List: every object in order (the output is then
-    /// a `---` stream, a List, or with `-o patch` an array of one patch per object).
-    #[arg(short = 'f', long = "filename")]
-    pub file: String,
+    /// for stdin. A multi-document stream or a List (what `helm template` or `kustomize build`
+    /// prints): every object in order, other kinds passed through unchanged with a note on
+    /// stderr (the output is then a `---` stream, a List, or with `-o patch` an array of one
+    /// patch per object).
+    #[arg(value_name = "FILE", required_unless_present = "filename")]
+    pub file: Option<String>,
+    /// The same as FILE (as kubectl spells it).
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE",
+        conflicts_with = "file"
+    )]
+    pub filename: Option<String>,
+    /// Exit 1 when there is any warning (a near-miss annotation key, the annotation prefix on
+    /// a workload's own metadata or as a label, a variable left alone, …), as well as on a
+    /// refusal.
+    #[arg(long)]
+    pub strict: bool,
     /// Configuration file (the same one `serve --config` reads); built-in defaults without it.
     #[arg(long, env = "EVI_CONFIG")]
     pub config: Option<PathBuf>,
@@ -129,7 +144,7 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 }
 
 fn mutate(args: &MutateArgs) -> ExitCode {
-    let previews = match read_inputs(args).and_then(|inputs| preview_all(args, &inputs)) {
+    let (previews, warned) = match read_inputs(args).and_then(|inputs| preview_all(args, &inputs)) {
         Ok(Some(previews)) => previews,
         Ok(None) => return ExitCode::from(1),
         Err(msg) => {
@@ -145,6 +160,10 @@ fn mutate(args: &MutateArgs) -> ExitCode {
             if std::io::stdout().write_all(s.as_bytes()).is_err() {
                 return ExitCode::from(2);
             }
+            if args.strict && warned {
+                eprintln!("error: warnings, and --strict");
+                return ExitCode::from(1);
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -154,7 +173,16 @@ fn mutate(args: &MutateArgs) -> ExitCode {
     }
 }
 
-/// What `mutate` works on, read from its files.
+impl MutateArgs {
+    /// FILE or `-f FILE` (clap requires one).
+    fn input(&self) -> &str {
+        self.file
+            .as_deref()
+            .or(self.filename.as_deref())
+            .unwrap_or("-")
+    }
+}
+
 struct Inputs {
     cfg: Config,
     cluster: Option<ClusterState>,
@@ -179,13 +207,14 @@ fn read_inputs(args: &MutateArgs) -> Result<Inputs, String> {
         None => None,
     };
     let mut text = String::new();
-    let read = if args.file == "-" {
+    let file = args.input();
+    let read = if file == "-" {
         std::io::stdin().read_to_string(&mut text).map(|_| ())
     } else {
-        std::fs::read_to_string(&args.file).map(|t| text = t)
+        std::fs::read_to_string(file).map(|t| text = t)
     };
-    read.map_err(|e| format!("cannot read {}: {e}", args.file))?;
-    let objects = workload::parse_objects(&text).map_err(|e| format!("{}: {e}", args.file))?;
+    read.map_err(|e| format!("cannot read {file}: {e}"))?;
+    let objects = workload::parse_objects(&text).map_err(|e| format!("{file}: {e}"))?;
     Ok(Inputs {
         cfg,
         cluster,
@@ -195,13 +224,15 @@ fn read_inputs(args: &MutateArgs) -> Result<Inputs, String> {
 
 /// Every document's preview, its warnings and denials on standard error; `None` when one was
 /// denied (nothing is printed then).
+/// Every object's preview, and whether anything was warned about; `None` when one is refused.
 fn preview_all(
     args: &MutateArgs,
     inputs: &Inputs,
-) -> Result<Option<Vec<workload::Preview>>, String> {
+) -> Result<Option<(Vec<workload::Preview>, bool)>, String> {
     let many = inputs.objects.len() > 1;
     let mut previews = Vec::with_capacity(inputs.objects.len());
     let mut denied = false;
+    let mut warned = false;
     for (i, object) in inputs.objects.iter().enumerate() {
         // With several documents, every message says which one it is about.
         let which = if many {
@@ -209,14 +240,28 @@ fn preview_all(
         } else {
             String::new()
         };
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let Some(pointer) = workload::template_path(kind) else {
+            // A Service, a ConfigMap, …: as it came, in its place.
+            eprintln!("note: {which}{kind} has no pod template; passed through unchanged");
+            previews.push(workload::Preview {
+                decision: Decision::Unchanged {
+                    warnings: Vec::new(),
+                },
+                mutated: object.clone(),
+            });
+            continue;
+        };
         let known = inputs.cluster.as_ref().map(|state| crate::cluster::Known {
             state,
             complete: true,
         });
         let preview = workload::preview(&inputs.cfg, known, object, args.namespace.as_deref())
-            .map_err(|e| format!("{}: {which}{e}", args.file))?;
-        for w in preview.decision.warnings() {
+            .map_err(|e| format!("{}: {which}{e}", args.input()))?;
+        let own = workload_own_annotations(&inputs.cfg, object, kind, pointer);
+        for w in own.iter().chain(preview.decision.warnings()) {
             eprintln!("warning: {which}{w}");
+            warned = true;
         }
         if let Decision::Denied(d) = &preview.decision {
             eprintln!("denied ({}): {which}{}", d.code(), d.message);
@@ -224,7 +269,33 @@ fn preview_all(
         }
         previews.push(preview);
     }
-    Ok((!denied).then_some(previews))
+    Ok((!denied).then_some((previews, warned)))
+}
+
+/// Annotations of the prefix on a workload's own metadata, where the webhook never reads them
+/// (it reads the pod template's; the chart does not even send such a workload to it).
+fn workload_own_annotations(
+    cfg: &Config,
+    object: &serde_json::Value,
+    kind: &str,
+    pointer: &str,
+) -> Vec<String> {
+    if pointer.is_empty() {
+        return Vec::new();
+    }
+    let template = pointer.trim_start_matches('/').replace('/', ".");
+    object["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.split_once('/').is_some_and(|(p, _)| p == cfg.prefix))
+        .map(|(k, _)| {
+            format!(
+                "annotation {k} is on the {kind} itself, which the webhook does not read: \
+                 put it on the pod template ({template}.metadata.annotations)"
+            )
+        })
+        .collect()
 }
 
 /// One document as it came (YAML, JSON), several as kubectl prints them: a `---` stream, a

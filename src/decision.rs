@@ -126,6 +126,16 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// More warnings for an admitted pod (a refusal carries its message only).
+    pub fn add_warnings(&mut self, more: Vec<String>) {
+        match self {
+            Decision::Unchanged { warnings }
+            | Decision::Mutated { warnings, .. }
+            | Decision::AdmittedDespiteError { warnings, .. } => warnings.extend(more),
+            Decision::Denied(_) => {}
+        }
+    }
+
     /// Whether the pod is admitted.
     pub fn allowed(&self) -> bool {
         !matches!(self, Decision::Denied(_))

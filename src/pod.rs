@@ -244,6 +244,14 @@ struct VolumeName<'a> {
 }
 
 impl<'a> PodView<'a> {
+    /// Whether the pod's labels, as written, contain `text` anywhere (a scan before decoding).
+    pub fn labels_mention(&self, text: &str) -> bool {
+        self.metadata
+            .as_ref()
+            .and_then(|m| m.labels)
+            .is_some_and(|raw| raw.get().contains(text))
+    }
+
     /// The pod's labels, decoded on demand (an absent map is empty).
     pub fn labels(&self) -> Result<StrMap<'a>, serde_json::Error> {
         match self.metadata.as_ref().and_then(|m| m.labels) {

@@ -176,11 +176,6 @@ fn mutate_exits_2_on_bad_input_configuration_or_usage() {
         ),
         (
             vec!["mutate".into(), "-f".into(), "-".into()],
-            Some("apiVersion: v1\nkind: Service\n"),
-            "kind \"Service\" is not supported",
-        ),
-        (
-            vec!["mutate".into(), "-f".into(), "-".into()],
             Some("apiVersion: apps/v1\nkind: Deployment\nspec: {}\n"),
             "no pod template at /spec/template",
         ),
@@ -211,7 +206,7 @@ fn mutate_exits_2_on_bad_input_configuration_or_usage() {
             None,
             "invalid value 'xml'",
         ),
-        (vec!["mutate".into()], None, "--filename"),
+        (vec!["mutate".into()], None, "<FILE>"),
         (vec!["frobnicate".into()], None, "unrecognized subcommand"),
     ];
     for (args, stdin, want) in cases {
@@ -710,4 +705,91 @@ fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+/// What `helm template` or `kustomize build` prints: other kinds pass through unchanged, in
+/// their place, with a note; FILE works as check-config takes it.
+#[test]
+fn mutate_passes_other_kinds_through_in_order_and_takes_file_positionally() {
+    let stream = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc}}\nspec: {{ports: [{{port: 80}}]}}\n---\n{}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm}}\ndata: {{a: b}}\n",
+        pod_with("type=emptyDir,mountPath=/s,size=1Gi")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rendered.yaml");
+    std::fs::write(&file, &stream).unwrap();
+    let out = run(&["mutate", file.to_str().unwrap(), "-o", "json"], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["Service", "Pod", "ConfigMap"]);
+    assert_eq!(
+        list["items"][0],
+        serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}})
+    );
+    assert_eq!(list["items"][1]["spec"]["volumes"][0]["name"], "v");
+    assert_eq!(
+        text(&out.stderr),
+        "note: document 1 (Service/svc): Service has no pod template; passed through unchanged\n\
+         note: document 3 (ConfigMap/cm): ConfigMap has no pod template; passed through unchanged\n"
+    );
+    // FILE and -f FILE are one argument.
+    let out = run(
+        &[
+            "mutate",
+            "-f",
+            file.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+/// Requests the webhook would never see: a warning each (exit 0), and with --strict exit 1.
+#[test]
+fn mutate_warns_of_annotations_the_webhook_never_reads() {
+    let job = serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "nf-task", "annotations": {"ephemeral-volumes.io/scratch": "type=emptyDir,mountPath=/s"}},
+        "spec": {"template": {
+            "metadata": {
+                "labels": {"ephemeral-volumes.io/tmp": "type=emptyDir"},
+                "annotations": {"ephemeral-volume.io/work": "type=emptyDir,mountPath=/w"},
+            },
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]},
+        }},
+    })
+    .to_string();
+    let out = run(&["mutate", "-f", "-", "-o", "patch"], Some(&job));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    assert_eq!(
+        text(&out.stderr),
+        "warning: annotation ephemeral-volumes.io/scratch is on the Job itself, which the webhook does not read: \
+         put it on the pod template (spec.template.metadata.annotations)\n\
+         warning: annotation ephemeral-volume.io/work is not read: the annotation prefix is ephemeral-volumes.io; \
+         did you mean ephemeral-volumes.io/work?\n\
+         warning: label ephemeral-volumes.io/tmp is not read: volumes are asked for with annotations; make it an annotation\n"
+    );
+    let out = run(
+        &["mutate", "--strict", "-f", "-", "-o", "patch"],
+        Some(&job),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).ends_with("error: warnings, and --strict\n"));
+    // Nothing near: no warning, and --strict is content.
+    let out = run(
+        &["mutate", "--strict", "-f", "-"],
+        Some(&pod_with("type=emptyDir,mountPath=/s,size=1Gi")),
+    );
+    assert_eq!(
+        (out.status.code(), text(&out.stderr)),
+        (Some(0), String::new())
+    );
 }

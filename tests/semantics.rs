@@ -919,3 +919,24 @@ fn errors_name_the_field_as_written() {
         "annotation ephemeral-volumes.io/s: init containers \"setup\", \"fetch\" are not in the pod (the pod has no init containers)"
     );
 }
+
+/// A pod that reaches the webhook hears of its near-miss keys in the API server's warnings.
+#[test]
+fn near_miss_keys_reach_the_api_servers_warnings() {
+    let mut p = pod(json!({
+        "ephemeral-volumes.io/a": "type=emptyDir,mountPath=/a,size=1Gi",
+        "ephemeral-volume.io/b": "type=emptyDir,mountPath=/b,size=1Gi",
+        "injector.ephemeral-volumes.io/injected": "a",
+        "example.com/other": "x",
+    }));
+    p["metadata"]["labels"]["ephemeral-volumes.io/c"] = json!("shm");
+    let d = decide(&Config::default(), &p);
+    assert_eq!(d.verdict, "mutated");
+    assert_eq!(
+        d.warnings,
+        [
+            "annotation ephemeral-volume.io/b is not read: the annotation prefix is ephemeral-volumes.io; did you mean ephemeral-volumes.io/b?",
+            "label ephemeral-volumes.io/c is not read: volumes are asked for with annotations; make it an annotation",
+        ]
+    );
+}

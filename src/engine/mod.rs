@@ -25,6 +25,7 @@ use crate::{
     decision::{Decision, Denial, DenyReason},
     echo,
     pod::PodView,
+    validate,
 };
 
 use self::{plan::Plan, resolve::Resolved};
@@ -56,7 +57,10 @@ pub fn decide(
         (mode, Some(k)) => Some((k.state, mode)),
     };
     match decide_or_refuse(cfg, checks, pod, at) {
-        Ok(decision) => decision,
+        Ok(mut decision) => {
+            decision.add_warnings(near_misses(cfg, pod));
+            decision
+        }
         Err(mut denial) => {
             if let Cow::Owned(cut) = echo::reasons(&denial.message, echo::MESSAGE_LIMIT) {
                 denial.message = cut;
@@ -152,6 +156,41 @@ fn apply_on_error(cfg: &Config, pod: &PodView, at: PodLocation<'_>, denial: Deni
             }
         }
     }
+}
+
+/// Keys that look meant for the webhook but that it does not read, as hints: an annotation
+/// whose prefix is a near miss of the configured one (`ephemeral-volume.io/scratch`), and a
+/// label of the prefix (volumes are asked for with annotations).
+pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
+    let mut hints = Vec::new();
+    let prefix = cfg.prefix.as_str();
+    for key in pod.annotations().into_iter().flatten().map(|(k, _)| &**k) {
+        let Some((other, name)) = key.split_once('/') else {
+            continue;
+        };
+        // A cheap length test first: most keys are nowhere near.
+        if other != prefix
+            && other.len().abs_diff(prefix.len()) <= 2
+            && validate::closest(other, [prefix]).is_some()
+        {
+            hints.push(format!(
+                "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
+            ));
+        }
+    }
+    if pod.labels_mention(prefix)
+        && let Ok(labels) = pod.labels()
+    {
+        for key in labels
+            .keys()
+            .filter(|k| k.split_once('/').is_some_and(|(p, _)| p == prefix))
+        {
+            hints.push(format!(
+                "label {key} is not read: volumes are asked for with annotations; make it an annotation"
+            ));
+        }
+    }
+    hints
 }
 
 /// All errors of the worst kind at once, so a user fixes every annotation in one go.

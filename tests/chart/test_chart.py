@@ -647,3 +647,30 @@ def test_match_expressions_operators_evaluate_like_label_selectors():
     assert not admits(program, labels(a="1"), "x")
     assert not admits(program, labels(a="1", b="", c="z"), "x")
     assert not admits(program, {"metadata": {}}, "x")
+
+
+def test_the_notes_examples_work_when_copied(tmp_path):
+    """Every annotation NOTES.txt shows, copied onto a pod as shown, is injected by the
+    installation's own configuration (the profiles' examples, one at a time, as they say)."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(NEXTFLOW_VALUES))
+    p = subprocess.run([HELM, "install", "evi", str(CHART), "-n", "evi-system", "--dry-run=client", "-f", str(values)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    notes = p.stdout.split("NOTES:", 1)[1]
+    # An example is a block of annotation lines, copied together.
+    blocks = [re.findall(r'^\s+(ephemeral-volumes\.io/[a-z0-9-]+): "([^"]*)"$', block, re.M)
+              for block in re.split(r"\n\s*\n", notes)]
+    blocks = [b for b in blocks if b]
+    assert [[k for k, _ in b] for b in blocks] == [["ephemeral-volumes.io/scratch"], ["ephemeral-volumes.io/ebs-200g"],
+                                                   ["ephemeral-volumes.io/shm"]], notes
+    config = next(d for d in yaml.safe_load_all(p.stdout.split("NOTES:", 1)[0].split("MANIFEST:", 1)[1])
+                  if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))
+    (tmp_path / "config.yaml").write_text(config["data"]["config.yaml"])
+    for block in blocks:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "t", "annotations": dict(block)},
+               "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+        out = subprocess.run([str(BINARY), "mutate", "--config", str(tmp_path / "config.yaml"), "-n", "default",
+                              "-o", "json", "-"], input=json.dumps(pod), capture_output=True, text=True)
+        assert out.returncode == 0, (block, out.stderr)
+        assert [k.split("/")[1] for k, _ in block] == [v["name"] for v in json.loads(out.stdout)["spec"]["volumes"]]
