@@ -32,6 +32,19 @@ pub enum ConfigError {
     Invalid(Vec<String>),
 }
 
+/// `mode`: whether a rule, a profile or the whole configuration acts, or only says what it
+/// would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Mode {
+    /// Inject and refuse (the default).
+    #[default]
+    Enforce,
+    /// Decide exactly as `enforce`, inject nothing and refuse nothing: the decision comes back
+    /// as an API warning, is logged and counted (`evi_audit_decisions_total`).
+    Audit,
+}
+
 /// `onError`: what happens to a pod whose request cannot be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -50,6 +63,7 @@ pub enum OnError {
 struct FileConfig {
     annotation_prefix: Option<String>,
     on_error: Option<OnError>,
+    mode: Option<Mode>,
     cluster_checks: Option<crate::cluster::Mode>,
     profiles: BTreeMap<String, Value>,
     /// With their place in the file: a rule that failed to read keeps the others' numbers.
@@ -65,6 +79,7 @@ struct FileRule {
     pod_selector: Option<Value>,
     #[serde(default)]
     volumes: BTreeMap<String, Value>,
+    mode: Option<Mode>,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +118,10 @@ pub struct Config {
     pub cluster_check: StatusKey,
     /// `onError`.
     pub on_error: OnError,
+    /// `mode`: the default of every rule and profile; `audit` audits the whole configuration.
+    pub mode: Mode,
+    /// The profiles with `mode: audit` (a request naming one is audited, not served).
+    pub audited_profiles: std::collections::BTreeSet<String>,
     /// `clusterChecks`.
     pub cluster_checks: crate::cluster::Mode,
     /// `profiles`, by name.
@@ -122,6 +141,8 @@ pub struct Rule {
     pub namespaces: Option<Vec<String>>,
     /// Its pod selector; every pod when `None`.
     pub selector: Option<Selector>,
+    /// `mode` (the configuration's when not given).
+    pub mode: Mode,
     /// The volumes it gives, by name.
     pub volumes: BTreeMap<String, VolumeRequest>,
 }
@@ -198,6 +219,13 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Whether anything is audited: when nothing is, a decision is made once, as always.
+    pub fn audits(&self) -> bool {
+        self.mode == Mode::Audit
+            || !self.audited_profiles.is_empty()
+            || self.rules.iter().any(|r| r.mode == Mode::Audit)
+    }
+
     fn with_prefix(prefix: &str) -> Self {
         Config {
             prefix: prefix.to_owned(),
@@ -205,6 +233,8 @@ impl Config {
             error: StatusKey::new(prefix, "error"),
             cluster_check: StatusKey::new(prefix, "cluster-check"),
             on_error: OnError::Deny,
+            mode: Mode::Enforce,
+            audited_profiles: std::collections::BTreeSet::new(),
             cluster_checks: crate::cluster::Mode::default(),
             profiles: BTreeMap::new(),
             rules: Vec::new(),
@@ -269,6 +299,7 @@ impl FileConfig {
             match key.as_str() {
                 "annotationPrefix" => file.annotation_prefix = part(v, &key, errors),
                 "onError" => file.on_error = part(v, &key, errors),
+                "mode" => file.mode = part(v, &key, errors),
                 "clusterChecks" => file.cluster_checks = part(v, &key, errors),
                 "profiles" => file.profiles = part(v, &key, errors).unwrap_or_default(),
                 "rules" => match v {
@@ -284,7 +315,7 @@ impl FileConfig {
                 },
                 "policy" => file.policy = FilePolicy::read(v, errors),
                 other => errors.push(format!(
-                    "unknown field {other:?}; the fields are annotationPrefix, onError, clusterChecks, profiles, rules, policy"
+                    "unknown field {other:?}; the fields are annotationPrefix, onError, mode, clusterChecks, profiles, rules, policy"
                 )),
             }
         }
@@ -331,9 +362,21 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
     }
     let mut cfg = Config::with_prefix(&prefix);
     cfg.on_error = file.on_error.unwrap_or_default();
+    cfg.mode = file.mode.unwrap_or_default();
     cfg.cluster_checks = file.cluster_checks.unwrap_or_default();
     for (name, value) in &file.profiles {
-        if let Some(profile) = compile_profile(name, value, &mut errors) {
+        // `mode` is the profile's own, not a field of the volume it describes.
+        let mut value = value.clone();
+        let mode = match value.as_object_mut().and_then(|m| m.remove("mode")) {
+            Some(m) => serde_json::from_value::<Mode>(m)
+                .map_err(|e| errors.push(format!("profiles.{name}.mode: {e}")))
+                .ok(),
+            None => None,
+        };
+        if mode.unwrap_or(cfg.mode) == Mode::Audit {
+            cfg.audited_profiles.insert(name.clone());
+        }
+        if let Some(profile) = compile_profile(name, &value, &mut errors) {
             cfg.profiles.insert(name.clone(), profile);
         }
     }
@@ -342,7 +385,7 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
         // A profile that failed to compile is reported where it is defined, not again here.
         let defined = |p: &str| cfg.profiles.contains_key(p) || file.profiles.contains_key(p);
         let written = rule.volumes.len();
-        let rule = compile_rule(i, rule, &defined, &mut errors);
+        let rule = compile_rule(i, rule, &defined, cfg.mode, &mut errors);
         check_rule(
             &cfg,
             &format!("rules[{i}] ({})", rule.name),
@@ -374,6 +417,7 @@ fn compile_rule(
     i: usize,
     rule: FileRule,
     defined: &dyn Fn(&str) -> bool,
+    default_mode: Mode,
     errors: &mut Vec<String>,
 ) -> Rule {
     let at = format!("rules[{i}] ({})", rule.name);
@@ -412,6 +456,7 @@ fn compile_rule(
         }
     }
     Rule {
+        mode: rule.mode.unwrap_or(default_mode),
         name: rule.name,
         namespaces: rule.namespaces,
         selector,

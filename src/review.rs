@@ -205,6 +205,8 @@ pub struct Handled<'a> {
     pub subject: Subject<'a>,
     /// A server-side dry run.
     pub dry_run: bool,
+    /// What audited rules or profiles would have done, when it differs from the decision.
+    pub audit: Option<engine::Audit>,
 }
 
 /// Decodes a review, decides (with the cluster checks against what is known of the cluster,
@@ -267,7 +269,7 @@ fn mutate<'a>(
     let review = decode::<PodView<'a>>(text, is_pod_create)?;
     let mut req = review.request.ok_or(ReviewError::NoRequest)?;
     let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
-    let (subject, decision) = match (is_pod_create(&req), &req.object) {
+    let (subject, (decision, audit)) = match (is_pod_create(&req), &req.object) {
         (true, Some(pod)) => (
             Subject {
                 kind: "Pod",
@@ -276,7 +278,7 @@ fn mutate<'a>(
                     .controller()
                     .map(|o| (o.kind.0.clone(), o.name.0.clone())),
             },
-            engine::decide(
+            engine::decide_audited(
                 cfg,
                 cluster,
                 pod,
@@ -286,7 +288,7 @@ fn mutate<'a>(
                 },
             ),
         ),
-        _ => (Subject::default(), unchanged()),
+        _ => (Subject::default(), (unchanged(), None)),
     };
     Ok(Handled {
         body: encode(review.api_version, review.kind, req.uid, &decision, true)?,
@@ -295,6 +297,7 @@ fn mutate<'a>(
         namespace,
         subject,
         dry_run: req.dry_run.unwrap_or(false),
+        audit,
     })
 }
 
@@ -308,6 +311,7 @@ fn validate<'a>(
     let namespace = req.namespace.take().map_or(Cow::Borrowed(""), |n| n.0);
     let mut subject = Subject::default();
     let mut decision = unchanged();
+    let mut audit = None;
     if let (Some(pointer), Some(object)) = (workload_change(&req), &req.object)
         && let Some(template) = object.template(pointer)
         && (req.operation == Operation::Create || template_changed(text, pointer)?)
@@ -317,7 +321,7 @@ fn validate<'a>(
             name: object.name(),
             owner: None,
         };
-        decision = engine::decide(
+        (decision, audit) = engine::decide_audited(
             cfg,
             cluster,
             template,
@@ -334,6 +338,7 @@ fn validate<'a>(
         namespace,
         subject,
         dry_run: req.dry_run.unwrap_or(false),
+        audit,
     })
 }
 

@@ -940,3 +940,85 @@ fn near_miss_keys_reach_the_api_servers_warnings() {
         ]
     );
 }
+
+// === Guards: an audited rule, profile or default decides as enforced, and changes nothing ===
+
+#[test]
+fn audit_mode_decides_as_enforce_injects_nothing_and_refuses_nothing() {
+    let audited = cfg(
+        "profiles:\n  big:\n    mode: audit\n    mountPath: /big\n    emptyDir: {sizeLimit: 1Gi}\n\
+         rules:\n  - name: scratch\n    mode: audit\n    namespaces: [nf]\n    volumes:\n      s: type=emptyDir,mountPath=/s,size=1Gi\n\
+         policy:\n  maxSize: {emptyDir: 2Gi}\n",
+    );
+    // An audited rule: the pod is left as it is, and told what the rule would do.
+    let d = decide(&audited, &pod(json!({})));
+    assert_eq!(d.verdict, "unchanged");
+    assert_eq!(d.warnings, ["audit (rule/scratch): would inject s"]);
+    // With an enforced annotation: that one is injected, the rule's volume is not.
+    let d = decide(
+        &audited,
+        &pod(json!({"ephemeral-volumes.io/a": "type=emptyDir,mountPath=/a,size=1Gi"})),
+    );
+    assert_eq!(d.verdict, "mutated");
+    let names: Vec<&str> = d.mutated["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["vol-1", "kube-api-access-x7k2p", "a"]);
+    assert_eq!(d.warnings, ["audit (rule/scratch): would inject s"]);
+    // An audited profile asked for by annotation, over policy: admitted, with the refusal it
+    // would have met.
+    let d = decide(
+        &audited,
+        &pod(json!({"ephemeral-volumes.io/b": "profile=big,size=3Gi"})),
+    );
+    assert_eq!((d.verdict.as_str(), d.code), ("unchanged", None));
+    assert_eq!(d.warnings.len(), 1);
+    assert!(
+        d.warnings[0].starts_with(
+            "audit (profile/big, rule/scratch): would refuse the pod (403): annotation ephemeral-volumes.io/b: size 3Gi exceeds policy.maxSize.emptyDir (2Gi)"
+        ),
+        "{:?}",
+        d.warnings
+    );
+    // The whole configuration in audit (the default of every rule and profile), and a rule
+    // that says enforce: only that one acts.
+    let all = cfg(
+        "mode: audit\nrules:\n  - name: kept\n    mode: enforce\n    volumes:\n      k: type=emptyDir,mountPath=/k,size=1Gi\n",
+    );
+    let d = decide(
+        &all,
+        &pod(json!({"ephemeral-volumes.io/x": "type=emptyDir,mountPath=scratch"})),
+    );
+    assert_eq!(d.verdict, "mutated");
+    assert_eq!(d.mutated["spec"]["volumes"][2]["name"], "k");
+    assert_eq!(
+        d.warnings,
+        [
+            "audit (mode/audit): would refuse the pod (400): annotation ephemeral-volumes.io/x: mountPath \"scratch\" must be an absolute path"
+        ]
+    );
+    // Nothing audited touches this pod: no warning.
+    let profile_only = cfg(
+        "profiles:\n  big:\n    mode: audit\n    mountPath: /big\n    emptyDir: {sizeLimit: 1Gi}\n",
+    );
+    let d = decide(
+        &profile_only,
+        &pod(json!({"ephemeral-volumes.io/a": "type=emptyDir,mountPath=/a,size=1Gi"})),
+    );
+    assert_eq!((d.verdict.as_str(), d.warnings.len()), ("mutated", 0));
+}
+
+#[test]
+fn a_mode_is_enforce_or_audit() {
+    assert_eq!(
+        config_errors(
+            "mode: audti\nprofiles:\n  p:\n    mode: off\n    emptyDir: {}\nrules:\n  - name: r\n    mode: dry\n    volumes: {s: shm}\n"
+        ),
+        "mode: unknown variant `audti`, expected `enforce` or `audit`\n\
+         rules[0]: unknown variant `dry`, expected `enforce` or `audit`\n\
+         profiles.p.mode: unknown variant `off`, expected `enforce` or `audit`"
+    );
+}

@@ -28,7 +28,7 @@ use crate::{
     validate,
 };
 
-use self::{plan::Plan, resolve::Resolved};
+use self::{plan::Plan, request::Scope, resolve::Resolved};
 
 /// Where the pod is: the namespace its rules are matched in, and where it sits in the object
 /// the patch applies to.
@@ -49,6 +49,85 @@ pub fn decide(
     pod: &PodView,
     at: PodLocation<'_>,
 ) -> Decision {
+    decide_audited(cfg, cluster, pod, at).0
+}
+
+/// What an audited rule, profile or default would have done to a pod: the decision had they
+/// been enforced, told apart from the one made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    /// What was audited: `rule/<name>`, `profile/<name>`, `annotation/<key>`.
+    pub sources: Vec<String>,
+    /// The label of the decision enforcing them would have made (`mutated`, `denied`, …).
+    pub result: &'static str,
+    /// What it would have done, in words (also the API warning).
+    pub message: String,
+}
+
+/// [`decide`], and the audit when something audited would have changed the decision: the pod
+/// is decided twice then, once with every request (as if all were enforced) and once without
+/// the audited ones; the second is the decision, the first is reported.
+pub fn decide_audited(
+    cfg: &Config,
+    cluster: Option<Known<'_>>,
+    pod: &PodView,
+    at: PodLocation<'_>,
+) -> (Decision, Option<Audit>) {
+    if !cfg.audits() {
+        return (decide_in(cfg, cluster, pod, at, Scope::All), None);
+    }
+    let full = decide_in(cfg, cluster, pod, at, Scope::All);
+    let mut enforced = decide_in(cfg, cluster, pod, at, Scope::Enforced);
+    if full == enforced {
+        return (enforced, None);
+    }
+    let sources = match request::collect(cfg, pod, at.namespace, Scope::All) {
+        Ok((requests, _)) => request::audited_sources(cfg, &requests),
+        Err(_) => Vec::new(),
+    };
+    let sources = if sources.is_empty() {
+        vec!["mode/audit".to_owned()]
+    } else {
+        sources
+    };
+    let would = match &full {
+        Decision::Denied(d) => format!("would refuse the pod ({}): {}", d.code(), d.message),
+        Decision::AdmittedDespiteError { denial, .. } => {
+            format!(
+                "would admit the pod without its volumes: {}",
+                denial.message
+            )
+        }
+        Decision::Mutated { injected, .. } => {
+            let more: Vec<&str> = injected
+                .iter()
+                .filter(|v| !enforced.injected().contains(v))
+                .map(|(n, _)| n.as_str())
+                .collect();
+            match more.as_slice() {
+                [] => "would change the pod otherwise".to_owned(),
+                names => format!("would inject {}", names.join(", ")),
+            }
+        }
+        Decision::Unchanged { .. } => "would leave the pod unchanged".to_owned(),
+    };
+    let message = format!("audit ({}): {would}", sources.join(", "));
+    enforced.add_warnings(vec![message.clone()]);
+    let audit = Audit {
+        sources,
+        result: full.label(),
+        message,
+    };
+    (enforced, Some(audit))
+}
+
+fn decide_in(
+    cfg: &Config,
+    cluster: Option<Known<'_>>,
+    pod: &PodView,
+    at: PodLocation<'_>,
+    scope: Scope,
+) -> Decision {
     // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
     // objects not yet seen: warn until they are complete.
     let checks = match (cfg.cluster_checks, cluster) {
@@ -56,7 +135,7 @@ pub fn decide(
         (ClusterMode::Enforce, Some(k)) if !k.complete => Some((k.state, ClusterMode::Warn)),
         (mode, Some(k)) => Some((k.state, mode)),
     };
-    match decide_or_refuse(cfg, checks, pod, at) {
+    match decide_or_refuse(cfg, checks, pod, at, scope) {
         Ok(mut decision) => {
             decision.add_warnings(near_misses(cfg, pod));
             decision
@@ -75,8 +154,9 @@ fn decide_or_refuse(
     checks: Option<(&ClusterState, ClusterMode)>,
     pod: &PodView,
     at: PodLocation<'_>,
+    scope: Scope,
 ) -> Result<Decision, Denial> {
-    let (requests, mut errors) = request::collect(cfg, pod, at.namespace)?;
+    let (requests, mut errors) = request::collect(cfg, pod, at.namespace, scope)?;
     if requests.is_empty() {
         combine(errors)?;
         return Ok(Decision::Unchanged {

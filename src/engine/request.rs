@@ -1,7 +1,62 @@
 //! What a pod asks for: its annotations (checked against policy), then the volumes of every
 //! rule that matches it (trusted: the admin wrote them).
 
-use crate::{config::Config, decision::Denial, pod::PodView, validate, volume::VolumeRequest};
+use crate::{
+    config::{Config, Mode},
+    decision::Denial,
+    pod::PodView,
+    validate,
+    volume::{Requested, VolumeRequest},
+};
+
+/// Which requests a decision serves: every one (what enforcing everything would do), or only
+/// those not audited (what the webhook does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    All,
+    Enforced,
+}
+
+/// Whether a request is audited: its rule is, the profile it names is, or (an annotation's
+/// inline volume) the configuration's default is.
+pub(super) fn audited(cfg: &Config, origin: &Origin, request: &VolumeRequest) -> bool {
+    audited_rule(cfg, origin)
+        || match &request.source {
+            Requested::Profile(p) => cfg.audited_profiles.contains(p),
+            Requested::Inline(_) => origin.is_annotation() && cfg.mode == Mode::Audit,
+        }
+}
+
+fn audited_rule(cfg: &Config, origin: &Origin) -> bool {
+    match origin {
+        Origin::Rule(name) => cfg
+            .rules
+            .iter()
+            .any(|r| r.name == *name && r.mode == Mode::Audit),
+        Origin::Annotation(_) => false,
+    }
+}
+
+/// What is audited among a pod's requests, for the warning and the metrics: `rule/<name>`,
+/// `profile/<name>`, `annotation/<key>` (an inline volume under the default `mode: audit`).
+pub(super) fn audited_sources(cfg: &Config, requests: &[Request]) -> Vec<String> {
+    let mut sources = Vec::new();
+    for r in requests
+        .iter()
+        .filter(|r| audited(cfg, &r.origin, &r.request))
+    {
+        let source = match (&r.origin, &r.request.source) {
+            (Origin::Rule(rule), _) if audited_rule(cfg, &r.origin) => format!("rule/{rule}"),
+            (_, Requested::Profile(p)) => format!("profile/{p}"),
+            (Origin::Annotation(key), _) => format!("annotation/{key}"),
+            (Origin::Rule(rule), _) => format!("rule/{rule}"),
+        };
+        if !sources.contains(&source) {
+            sources.push(source);
+        }
+    }
+    sources
+}
 
 /// Where a request came from, for messages and for policy.
 #[derive(Debug, Clone)]
@@ -41,6 +96,7 @@ pub(super) fn collect(
     cfg: &Config,
     pod: &PodView,
     namespace: &str,
+    scope: Scope,
 ) -> Result<(Vec<Request>, Vec<Denial>), Denial> {
     let mut requests = Vec::new();
     let mut errors = Vec::new();
@@ -54,12 +110,18 @@ pub(super) fn collect(
         };
         let parsed =
             validate::dns_label("volume name", name).and_then(|()| value.parse::<VolumeRequest>());
+        let origin = Origin::Annotation(key.to_string());
         match parsed {
+            Ok(request) if scope == Scope::Enforced && audited(cfg, &origin, &request) => {
+                refused.push(name);
+            }
             Ok(request) => requests.push(Request {
                 name: name.to_owned(),
-                origin: Origin::Annotation(key.to_string()),
+                origin,
                 request,
             }),
+            // Under the default `mode: audit` an unreadable annotation is audited too.
+            Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => refused.push(name),
             Err(e) => {
                 errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
                 refused.push(name);
@@ -79,10 +141,14 @@ pub(super) fn collect(
             continue;
         }
         for (name, request) in &rule.volumes {
+            let origin = Origin::Rule(rule.name.clone());
+            if scope == Scope::Enforced && audited(cfg, &origin, request) {
+                continue;
+            }
             if !requests.iter().any(|r| r.name == *name) && !refused.contains(&name.as_str()) {
                 requests.push(Request {
                     name: name.clone(),
-                    origin: Origin::Rule(rule.name.clone()),
+                    origin,
                     request: request.clone(),
                 });
             }

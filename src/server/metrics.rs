@@ -16,6 +16,14 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// An audited decision: what was audited (`rule/<name>`, `profile/<name>`, …) and what
+/// enforcing it would have done.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuditLabel {
+    pub source: String,
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
@@ -100,6 +108,7 @@ pub struct Metrics {
     pub cluster_objects: Family<KindLabel, Gauge>,
     pub cluster_watch_errors: Family<KindLabel, Counter>,
     pub cluster_degraded: Gauge,
+    pub audit_decisions: Family<AuditLabel, Counter>,
 }
 
 /// Admission decisions take microseconds; buckets from 10 µs to 1 s.
@@ -237,7 +246,14 @@ impl Default for Metrics {
             "1 while the cluster lists have not arrived after the sync timeout (checks in warn meanwhile)",
             cluster_degraded.clone(),
         );
+        let audit_decisions = Family::<AuditLabel, Counter>::default();
+        registry.register(
+            "audit_decisions",
+            "Decisions that an audited rule, profile or default (mode: audit) would have changed, by what was audited (rule/<name>, profile/<name>, annotation/<key>) and what enforcing it would have done (mutated, denied, admitted-on-error, unchanged)",
+            audit_decisions.clone(),
+        );
         Metrics {
+            audit_decisions,
             registry,
             requests,
             duration,

@@ -19,7 +19,9 @@ use axum::{
 
 use super::{
     AppState, json_error,
-    metrics::{KindLabel, Metrics, OwnerLabel, ReasonLabel, ResultLabel, WorkloadLabel},
+    metrics::{
+        AuditLabel, KindLabel, Metrics, OwnerLabel, ReasonLabel, ResultLabel, WorkloadLabel,
+    },
     with_json_errors,
 };
 use crate::{decision::Decision, review};
@@ -137,6 +139,7 @@ async fn review_at(
                 review::Endpoint::Mutate => record(m, &h),
                 review::Endpoint::Validate => record_workload(m, &h),
             }
+            record_audit(m, &h);
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "application/json")],
@@ -235,6 +238,24 @@ fn record_workload(m: &Metrics, h: &review::Handled<'_>) {
                 volumes = %volumes.join(","), "workload allowed");
         }
     }
+}
+
+/// What an audited rule or profile would have done: counted per source, logged at info.
+fn record_audit(m: &Metrics, h: &review::Handled<'_>) {
+    let Some(audit) = &h.audit else {
+        return;
+    };
+    for source in &audit.sources {
+        m.audit_decisions
+            .get_or_create(&AuditLabel {
+                source: source.clone(),
+                result: audit.result,
+            })
+            .inc();
+    }
+    tracing::info!(uid = %h.uid, namespace = %h.namespace, kind = h.subject.kind, name = %h.subject.name,
+        dry_run = h.dry_run, sources = %audit.sources.join(","), result = audit.result,
+        audit = %audit.message, "audited");
 }
 
 /// The decision in the metrics and the decision log.
