@@ -316,6 +316,30 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
     assert sidecar == {"sees": "1"}, sidecar
 
 
+FUSION_SCRIPT = r"""
+set -u
+out=/dev/termination-log
+check() { echo "$1=$2" >> $out; }
+check tmp_mount "$(grep -c ' /tmp ' /proc/mounts)"
+dd if=/dev/zero of=/tmp/.fusion-cache-block bs=1024 count=16384 2>/dev/null && check cache_write ok || check cache_write failed
+check cache_kib "$(du -k /tmp/.fusion-cache-block | cut -f1)"
+"""
+
+
+def test_the_fusion_recipe_puts_the_tasks_tmp_on_a_volume_sized_from_its_disk(cluster, chart):
+    """docs/nextflow.md's Fusion recipe: Fusion keeps its cache in the task's /tmp; the
+    annotation mounts a disk emptyDir there, sized from the task's ephemeral-storage request
+    (Nextflow's disk directive), and the task (as its own user) fills it."""
+    job = nextflow_job("nf-fusion", {f"{P}/fusion-cache": "type=emptyDir,mountPath=/tmp,size=request"},
+                       FUSION_SCRIPT)
+    cluster.create(job)
+    pod = finished_pod(cluster, "nf-fusion")
+    report = termination_report(pod, "nf-fusion")
+    assert pod["status"]["phase"] == "Succeeded", (pod["status"], report)
+    assert {"name": "fusion-cache", "emptyDir": {"sizeLimit": "64Mi"}} in pod["spec"]["volumes"]
+    assert report == {"tmp_mount": "1", "cache_write": "ok", "cache_kib": "16384"}, report
+
+
 CSI_SCRIPT = r"""
 set -u
 out=/dev/termination-log
