@@ -100,8 +100,17 @@ fn is_field(key: &str) -> bool {
 impl VolumeRequest {
     /// The JSON form (also used for profiles and rule entries in the configuration file).
     pub fn from_json(json: &Value) -> Result<Self, Invalid> {
-        let Value::Object(map) = json else {
-            return bad("expected a JSON object");
+        let map = match json {
+            Value::Object(map) => map,
+            Value::Null => {
+                return bad("is empty: give the volume's fields (a mapping)");
+            }
+            other => {
+                return bad(format!(
+                    "expected the volume's fields (a mapping), not {}",
+                    crate::echo::quoted(&other.to_string())
+                ));
+            }
         };
         let mut raw = Raw::default();
         let mut problems = Problems::default();
