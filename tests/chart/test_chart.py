@@ -508,12 +508,14 @@ def test_self_managed_tls_rbac_names_its_own_secret_and_configurations_only():
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "evi-system"
     (rule,) = role["rules"]
     assert rule["resources"] == ["secrets"] and rule["resourceNames"] == ["evi-ephemeral-volume-injector-certs"]
-    assert "create" not in rule["verbs"] and "delete" not in rule["verbs"]
+    # Exactly the verbs the code uses: the Secret is watched and replaced, never patched.
+    assert rule["verbs"] == ["get", "list", "watch", "update"]
     cluster = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-certificates")]
     (rule,) = cluster[0]["rules"]
     assert rule["resources"] == ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"]
     assert rule["resourceNames"] == ["evi-ephemeral-volume-injector"]
-    assert "create" not in rule["verbs"] and "delete" not in rule["verbs"]
+    # The configurations are watched and JSON-patched, never replaced.
+    assert rule["verbs"] == ["get", "list", "watch", "patch"]
     bindings = {d["roleRef"]["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")}
     assert "evi-ephemeral-volume-injector-certificates" in bindings
     assert not [d for d in render("--set", "tls.mode=selfManaged", "--set", "rbac.create=false")

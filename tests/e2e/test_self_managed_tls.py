@@ -284,6 +284,10 @@ def test_rbac_limits_the_service_account_to_its_own_secret_and_configurations(cl
         assert can("update", f"secret/{rel.fullname}-certs", "-n", rel.ns)
         assert can("patch", f"mutatingwebhookconfiguration/{rel.fullname}")
         assert can("patch", f"validatingwebhookconfiguration/{rel.fullname}")
+        # Exactly the verbs the code uses (a Secret replaced, configurations patched).
+        assert not can("patch", f"secret/{rel.fullname}-certs", "-n", rel.ns)
+        assert not can("update", f"mutatingwebhookconfiguration/{rel.fullname}")
+        assert not can("update", f"validatingwebhookconfiguration/{rel.fullname}")
         assert not can("get", "secret/someone-elses", "-n", rel.ns)
         assert not can("list", "secrets", "-n", rel.ns)
         assert not can("create", "secrets", "-n", rel.ns)
