@@ -679,6 +679,17 @@ fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
         ),
         (
             &["--tls-secret", "evi/certs", "--tls-name", "evi.evi.svc"],
+            "--tls-secret needs --mutating-webhook-configuration",
+        ),
+        (
+            &[
+                "--tls-secret",
+                "evi/certs",
+                "--tls-name",
+                "evi.evi.svc",
+                "--mutating-webhook-configuration",
+                "evi",
+            ],
             "--tls-secret needs the API server",
         ),
         (
@@ -693,6 +704,27 @@ fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
                 "b",
             ],
             "cannot be used with",
+        ),
+        (
+            &[
+                "--tls-secret",
+                "evi/certs",
+                "--tls-name",
+                "evi.evi.svc",
+                "--ca-lifetime",
+                "80000000h",
+            ],
+            "\"80000000h\": a certificate issued now would expire after the year 9999",
+        ),
+        (&["--cert-lifetime", "9999999999999h"], "\"9999999999999h\""),
+        // A bare word is a tracing target: it would silence every line, the fatal one too.
+        (
+            &["--log-level", "verbose"],
+            "\"verbose\" is not a log level or a target=level directive",
+        ),
+        (
+            &["--log-level", "info,evi=loud"],
+            "\"evi=loud\" is not a log level",
         ),
     ];
     for (args, want) in cases {

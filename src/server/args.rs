@@ -59,13 +59,13 @@ pub struct ServeArgs {
     )]
     pub validating_webhook_configuration: Vec<String>,
     /// Self-managed TLS: the CA's lifetime (Go-style duration: 8760h, 90m, 30s).
-    #[arg(long, env = "EVI_CA_LIFETIME", default_value = "8760h", value_parser = duration)]
+    #[arg(long, env = "EVI_CA_LIFETIME", default_value = "8760h", value_parser = lifetime)]
     pub ca_lifetime: Duration,
     /// Self-managed TLS: a new CA is made and trusted this long before the CA expires.
     #[arg(long, env = "EVI_CA_RENEW_BEFORE", default_value = "2160h", value_parser = duration)]
     pub ca_renew_before: Duration,
     /// Self-managed TLS: the serving certificate's lifetime.
-    #[arg(long, env = "EVI_CERT_LIFETIME", default_value = "2160h", value_parser = duration)]
+    #[arg(long, env = "EVI_CERT_LIFETIME", default_value = "2160h", value_parser = lifetime)]
     pub cert_lifetime: Duration,
     /// Self-managed TLS: the serving certificate is renewed this long before it expires.
     #[arg(long, env = "EVI_CERT_RENEW_BEFORE", default_value = "720h", value_parser = duration)]
@@ -83,8 +83,9 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "EVI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax), e.g. info or evi=debug.
-    #[arg(long, env = "EVI_LOG_LEVEL", default_value = "info")]
+    /// Log filter (tracing EnvFilter syntax), e.g. info or evi=debug: comma-separated levels
+    /// (trace, debug, info, warn, error, off) or `target=level` directives.
+    #[arg(long, env = "EVI_LOG_LEVEL", default_value = "info", value_parser = log_filter)]
     pub log_level: String,
     /// Largest request body accepted; an UPDATE review carries two pods.
     #[arg(long, env = "EVI_MAX_BODY_BYTES", default_value_t = 4 << 20)]
@@ -195,10 +196,69 @@ fn duration(s: &str) -> Result<Duration, String> {
     Duration::try_from(d).map_err(|_| format!("{s:?}: a duration must not be negative"))
 }
 
+/// A certificate's lifetime: a duration that, from now, ends before the year 10000 (the last
+/// date an X.509 certificate can carry).
+fn lifetime(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    let end = time::Duration::try_from(d)
+        .ok()
+        .and_then(|d| time::OffsetDateTime::now_utc().checked_add(d));
+    match end {
+        Some(end) if end.year() <= 9999 => Ok(d),
+        _ => Err(format!(
+            "{s:?}: a certificate issued now would expire after the year 9999, the last an X.509 certificate can carry; give a shorter lifetime"
+        )),
+    }
+}
+
 fn seconds(name: &str, v: f64) -> Result<Duration, ServeError> {
     Duration::try_from_secs_f64(v).map_err(|_| {
         ServeError::Flag(format!(
             "{name} must be a non-negative number of seconds, not {v}"
         ))
     })
+}
+
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// A log filter that logs something: EnvFilter takes a bare word as a target name, so
+/// `verbose` would silence every line, the fatal one included; refused here instead.
+pub fn log_filter(s: &str) -> Result<String, String> {
+    let explain = "give a level (trace, debug, info, warn, error, off) or target=level directives, comma-separated, e.g. info,evi=debug";
+    for directive in s.split(',').map(str::trim) {
+        let level = match directive.rsplit_once('=') {
+            Some((target, level)) if !target.is_empty() => level,
+            _ => directive,
+        };
+        if !LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{directive:?} is not a log level or a target=level directive; {explain}"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| format!("{e}; {explain}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_filters_that_log_something_are_taken_as_written() {
+        for ok in [
+            "info",
+            "debug",
+            "evi=debug",
+            "warn,evi::server=trace",
+            "INFO",
+            "off",
+        ] {
+            assert_eq!(log_filter(ok).as_deref(), Ok(ok), "{ok}");
+        }
+        for bad in ["verbose", "", "info,", "evi=loud", "=info"] {
+            assert!(log_filter(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -676,3 +676,16 @@ def test_the_notes_examples_work_when_copied(tmp_path):
                               "-o", "json", "-"], input=json.dumps(pod), capture_output=True, text=True)
         assert out.returncode == 0, (block, out.stderr)
         assert [k.split("/")[1] for k, _ in block] == [v["name"] for v in json.loads(out.stdout)["spec"]["volumes"]]
+
+
+@pytest.mark.parametrize("level,ok", [("info", True), ("info,evi=debug", True), ("evi::server=trace", True),
+                                      ("verbose", False), ("info,", False), ("evi=loud", False)])
+def test_the_schema_refuses_a_log_level_the_webhook_would_refuse(level, ok):
+    """The same rule as `serve --log-level`: a bare word would be a tracing target and log nothing."""
+    p = render("--set-string", f"server.logLevel={level.replace(',', chr(92) + ',')}", check=False)
+    assert (p.returncode == 0) == ok, p.stderr
+    if ok:
+        (c,) = deployment([d for d in yaml.safe_load_all(p.stdout) if d])["spec"]["template"]["spec"]["containers"]
+        assert f"--log-level={level}" in c["args"], c["args"]
+    else:
+        assert "/server/logLevel" in p.stderr, p.stderr

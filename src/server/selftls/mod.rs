@@ -97,6 +97,16 @@ impl Settings {
                 "--ca-lifetime, --ca-renew-before, --cert-lifetime, --cert-renew-before: {m}"
             ))
         })?;
+        if args.mutating_webhook_configuration.is_empty()
+            && args.validating_webhook_configuration.is_empty()
+        {
+            return Err(bad(
+                "--tls-secret needs --mutating-webhook-configuration (and, with the workload \
+                 webhook, --validating-webhook-configuration): the configurations whose caBundle \
+                 it keeps; without them the API server would never trust the CA it makes"
+                    .into(),
+            ));
+        }
         Ok(Some(Settings {
             namespace: namespace.into(),
             name: name.into(),
