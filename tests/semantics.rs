@@ -1000,6 +1000,13 @@ fn audit_mode_decides_as_enforce_injects_nothing_and_refuses_nothing() {
             "audit (mode/audit): would refuse the pod (400): annotation ephemeral-volumes.io/x: mountPath \"scratch\" must be an absolute path"
         ]
     );
+    // An inline volume under the default audit: its source is the mode, never the pod's own
+    // annotation key (a metric label pods could multiply).
+    let d = decide(
+        &all,
+        &pod(json!({"ephemeral-volumes.io/x-1234": "type=emptyDir,mountPath=/x,size=1Gi"})),
+    );
+    assert_eq!(d.warnings, ["audit (mode/audit): would inject x-1234"]);
     // Nothing audited touches this pod: no warning.
     let profile_only = cfg(
         "profiles:\n  big:\n    mode: audit\n    mountPath: /big\n    emptyDir: {sizeLimit: 1Gi}\n",

@@ -56,7 +56,8 @@ pub fn decide(
 /// been enforced, told apart from the one made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Audit {
-    /// What was audited: `rule/<name>`, `profile/<name>`, `annotation/<key>`.
+    /// What was audited: `rule/<name>`, `profile/<name>`, `mode/audit` (inline annotation
+    /// volumes under the top-level `mode: audit`). Bounded by the configuration: a metric label.
     pub sources: Vec<String>,
     /// The label of the decision enforcing them would have made (`mutated`, `denied`, …).
     pub result: &'static str,

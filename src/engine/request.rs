@@ -38,7 +38,8 @@ fn audited_rule(cfg: &Config, origin: &Origin) -> bool {
 }
 
 /// What is audited among a pod's requests, for the warning and the metrics: `rule/<name>`,
-/// `profile/<name>`, `annotation/<key>` (an inline volume under the default `mode: audit`).
+/// `profile/<name>`, `mode/audit` (an annotation's inline volume under the default `mode:
+/// audit`; not its key, which pods choose: the sources are metric labels).
 pub(super) fn audited_sources(cfg: &Config, requests: &[Request]) -> Vec<String> {
     let mut sources = Vec::new();
     for r in requests
@@ -48,7 +49,7 @@ pub(super) fn audited_sources(cfg: &Config, requests: &[Request]) -> Vec<String>
         let source = match (&r.origin, &r.request.source) {
             (Origin::Rule(rule), _) if audited_rule(cfg, &r.origin) => format!("rule/{rule}"),
             (_, Requested::Profile(p)) => format!("profile/{p}"),
-            (Origin::Annotation(key), _) => format!("annotation/{key}"),
+            (Origin::Annotation(_), _) => "mode/audit".to_owned(),
             (Origin::Rule(rule), _) => format!("rule/{rule}"),
         };
         if !sources.contains(&source) {
