@@ -661,14 +661,19 @@ def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(clu
                                  f"cert-manager's log:\n{cert_manager.read_text()[-3000:]}")
         pods = release_pods(cluster, release)
 
+        def der(pem_b64: str) -> bytes:
+            """The first certificate of a base64-encoded PEM, as DER (PEM spellings differ)."""
+            pem = base64.b64decode(pem_b64).decode()
+            end = pem.index("-----END CERTIFICATE-----") + len("-----END CERTIFICATE-----")
+            return ssl.PEM_cert_to_DER_cert(pem[pem.index("-----BEGIN CERTIFICATE-----"):end])
+
         def serving() -> tuple[bytes, bytes]:
-            """The serving certificate (DER) and the CA it came from (PEM), as the Secret holds them."""
+            """The serving certificate and the CA it came from, as the Secret holds them (DER)."""
             data = cluster.get("secret", f"{full}-tls", "-n", RELEASE_NS)["data"]
-            return (ssl.PEM_cert_to_DER_cert(base64.b64decode(data["tls.crt"]).decode()),
-                    base64.b64decode(data["ca.crt"]))
+            return der(data["tls.crt"]), der(data["ca.crt"])
 
         def trusted(ca: bytes) -> bool:
-            return all(base64.b64decode(w["clientConfig"]["caBundle"]) == ca
+            return all(der(w["clientConfig"]["caBundle"]) == ca
                        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
                        for w in cluster.get(kind, full)["webhooks"])
 
@@ -698,7 +703,7 @@ def test_cert_manager_issues_and_injects_and_a_forced_renewal_refuses_no_pod(clu
         # longer the CA Secret's, and its next renewal from another CA (docs/helm.md says what
         # that costs). The renewal measured below is the same-CA renewal of every later one:
         # when the CAs differ, one renewal first, unmeasured, settles it.
-        ca_now = base64.b64decode(cluster.get("secret", f"{full}-ca", "-n", RELEASE_NS)["data"]["tls.crt"])
+        ca_now = der(cluster.get("secret", f"{full}-ca", "-n", RELEASE_NS)["data"]["tls.crt"])
         if ca_now != ca:
             events = cluster.get("events", "-n", RELEASE_NS, "--field-selector",
                                  f"involvedObject.kind=Certificate,involvedObject.name={full}-ca,reason=Issuing")
