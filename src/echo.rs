@@ -40,15 +40,10 @@ pub fn reasons(message: &str, limit: usize) -> Cow<'_, str> {
 
 /// `s` quoted as Rust debug-quotes it (`"a\"b"`), cut to [`VALUE_LIMIT`] bytes first.
 pub fn quoted(s: &str) -> String {
-    match bounded(s, VALUE_LIMIT) {
-        Cow::Borrowed(s) => format!("{s:?}"),
-        Cow::Owned(_) => {
-            let mut end = VALUE_LIMIT;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{:?}… ({} bytes in all)", &s[..end], s.len())
-        }
+    if s.len() <= VALUE_LIMIT {
+        format!("{s:?}")
+    } else {
+        format!("{:?}… ({} bytes in all)", head(s, VALUE_LIMIT), s.len())
     }
 }
 
@@ -58,11 +53,16 @@ pub fn bounded(s: &str, limit: usize) -> Cow<'_, str> {
     if s.len() <= limit {
         return Cow::Borrowed(s);
     }
-    let mut end = limit;
+    Cow::Owned(format!("{}… ({} bytes in all)", head(s, limit), s.len()))
+}
+
+/// The longest start of `s` of at most `limit` bytes that ends on a character boundary.
+fn head(s: &str, limit: usize) -> &str {
+    let mut end = limit.min(s.len());
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    Cow::Owned(format!("{}… ({} bytes in all)", &s[..end], s.len()))
+    &s[..end]
 }
 
 #[cfg(test)]

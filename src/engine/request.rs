@@ -49,8 +49,8 @@ pub(super) fn audited_sources(cfg: &Config, requests: &[Request]) -> Vec<String>
         let source = match (&r.origin, &r.request.source) {
             (Origin::Rule(rule), _) if audited_rule(cfg, &r.origin) => format!("rule/{rule}"),
             (_, Requested::Profile(p)) => format!("profile/{p}"),
-            (Origin::Annotation(_), _) => "mode/audit".to_owned(),
-            (Origin::Rule(rule), _) => format!("rule/{rule}"),
+            // What is left audited is an annotation's inline volume, under the default.
+            _ => "mode/audit".to_owned(),
         };
         if !sources.contains(&source) {
             sources.push(source);
