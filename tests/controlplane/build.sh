@@ -31,6 +31,8 @@ if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && [ -x
 fi
 
 start=$(date +%s)
+lap=$start
+took() { echo "  ($1 in $(( $(date +%s) - lap )) s)" >&2; lap=$(date +%s); } # per-part times, for CI's budget
 mkdir -p "$out.tmp"
 export GOFLAGS="-mod=readonly -trimpath"
 export CGO_ENABLED=0
@@ -49,18 +51,23 @@ echo "building kube-apiserver, kube-controller-manager, kubelet and kube-schedul
 (cd "$here" && go build -ldflags "$(version_ldflags "$k8s_version")" -o "$out.tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler) >&2
+took "kube-apiserver, kube-controller-manager, kubelet, kube-scheduler"
 # The pause container's source, from the same module (the node's sandbox image is built from it).
 k8s_dir="$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
 cp "$k8s_dir/build/pause/linux/pause.c" "$out.tmp/pause.c"
 echo "building kube-apiserver $old_version" >&2
 (cd "$here/v1.29" && go build -ldflags "$(version_ldflags "$old_version")" \
   -o "$out.tmp/kube-apiserver-$old_version" k8s.io/kubernetes/cmd/kube-apiserver) >&2
+took "kube-apiserver $old_version"
 echo "building the tests' CSI driver and external-provisioner $provisioner_version" >&2
 (cd "$here" && go build -ldflags "-s -w" -o "$out.tmp/evi-csi-test-driver" ./csidriver) >&2
+took "CSI test driver"
 (cd "$here/provisioner" && go build -ldflags "-s -w -X main.version=$provisioner_version" -o "$out.tmp/csi-provisioner" \
   github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner) >&2
+took "external-provisioner"
 echo "building etcd $etcd_version" >&2
 (cd "$here/etcd" && go build -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3) >&2
+took etcd
 rm -rf "$out"
 mv "$out.tmp" "$out"
 find "$TOOLS_DIR/controlplane" -mindepth 1 -maxdepth 1 ! -path "$out" -exec rm -rf {} + # older builds
