@@ -96,7 +96,7 @@ chart: build
 	python3 -m pytest -q tests/chart
 	yamllint -d '{extends: relaxed, rules: {line-length: {max: 120}}}' \
 	  charts/ephemeral-volume-injector/values.yaml charts/ephemeral-volume-injector/Chart.yaml \
-	  tests/data/*.yaml tests/golden/*/*.yaml
+	  tests/data/*.yaml tests/golden/*/*.yaml monitoring/*.yaml
 	hadolint Dockerfile
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 charts/ephemeral-volume-injector
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 \

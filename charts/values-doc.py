@@ -25,7 +25,13 @@ SCHEMA = HERE / "values.schema.json"
 README = HERE / "README.md"
 START, END = "<!-- values:start -->", "<!-- values:end -->"
 # Maps documented as one value (their keys are the user's, not the chart's).
-UNITS = {"resources", "nodeSelector", "webhook.legacyObjectSelector"}
+UNITS = {
+    "resources",
+    "nodeSelector",
+    "webhook.legacyObjectSelector",
+    "metrics.dashboard.labels",
+    "metrics.dashboard.grafanaOperator.instanceSelector",
+}
 
 
 def comments(text: str) -> dict[str, str]:

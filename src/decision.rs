@@ -17,6 +17,14 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
+    /// Every reason (the metrics start each at 0).
+    pub const ALL: [DenyReason; 4] = [
+        DenyReason::Invalid,
+        DenyReason::Policy,
+        DenyReason::Conflict,
+        DenyReason::Cluster,
+    ];
+
     /// The `status.code` of the AdmissionReview (an HTTP status code).
     pub fn code(self) -> u16 {
         match self {

@@ -1,6 +1,6 @@
 //! The admin port (plain HTTP): `/healthz`, `/readyz` and `/metrics`.
 
-use std::sync::{Arc, atomic::Ordering};
+use std::sync::Arc;
 
 use axum::{
     Router,
@@ -18,28 +18,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/readyz",
             get(|State(s): State<Arc<AppState>>| async move {
-                if !s.ready.load(Ordering::SeqCst) {
-                    (
+                match s.unready_reason() {
+                    Some(why) => (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready: starting or shutting down\n",
-                    )
-                } else if !s.tls_ready.load(Ordering::SeqCst) {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready: no valid serving certificate (self-managed TLS: see the log)\n",
-                    )
-                } else if !s.cluster_ready.load(Ordering::SeqCst) {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready: waiting for the cluster's CSIDriver and StorageClass lists\n",
-                    )
-                } else if s.at_capacity.load(Ordering::SeqCst) {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready: the webhook port is at its connection cap\n",
-                    )
-                } else {
-                    (StatusCode::OK, "ready\n")
+                        format!("not ready: {why}\n"),
+                    ),
+                    None => (StatusCode::OK, "ready\n".to_owned()),
                 }
             }),
         )
@@ -51,7 +35,7 @@ pub fn router(state: Arc<AppState>) -> Router {
                         header::CONTENT_TYPE,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    s.metrics.encode(),
+                    s.metrics.encode(s.unready_reason().is_none()),
                 )
             }),
         );
@@ -65,7 +49,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use axum::http::Request;
     use tower::ServiceExt as _;
@@ -112,9 +96,20 @@ mod tests {
             assert!(body.contains(why), "{why}: {body}");
             // Live all the same: the kubelet must not restart a draining or waiting webhook.
             assert_eq!(get(&state, "GET", "/healthz").await.0, StatusCode::OK);
+            // The alerts see what the probe sees.
+            let metrics = get(&state, "GET", "/metrics").await.2;
+            assert!(metrics.contains("\nevi_ready 0\n"), "{why}: {metrics}");
             unready(flag, ready_when);
         }
         assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
+        let metrics = get(&state, "GET", "/metrics").await.2;
+        assert!(metrics.contains("\nevi_ready 1\n"), "{metrics}");
+        let build = format!(
+            "\nevi_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            env!("EVI_COMMIT")
+        );
+        assert!(metrics.contains(&build), "{metrics}");
     }
 
     #[tokio::test]
@@ -142,7 +137,7 @@ mod tests {
                 "{body}"
             );
         }
-        let text = state.metrics.encode();
+        let text = state.metrics.encode(true);
         assert!(
             text.contains("evi_http_responses_total{port=\"admin\",code=\"405\"} 1"),
             "{text}"

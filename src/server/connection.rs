@@ -52,6 +52,14 @@ pub enum Cause {
 }
 
 impl Cause {
+    /// Every cause (the metrics start each at 0).
+    pub const ALL: [Cause; 4] = [
+        Cause::HandshakeTimeout,
+        Cause::HeaderTimeout,
+        Cause::Idle,
+        Cause::Malformed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Cause::HandshakeTimeout => "handshake-timeout",

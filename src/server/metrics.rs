@@ -24,6 +24,13 @@ pub struct AuditLabel {
     pub result: &'static str,
 }
 
+/// The build a replica runs (`evi_build_info`, always 1).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    pub version: &'static str,
+    pub commit: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
@@ -108,8 +115,36 @@ pub struct Metrics {
     pub cluster_objects: Family<KindLabel, Gauge>,
     pub cluster_watch_errors: Family<KindLabel, Counter>,
     pub cluster_degraded: Gauge,
+    /// 1 when the last configuration reload was put in force (or none was tried), 0 when it
+    /// was refused.
+    pub config_last_reload_ok: Gauge,
+    /// What `/readyz` answers, set at each scrape.
+    pub ready: Gauge,
     pub audit_decisions: Family<AuditLabel, Counter>,
 }
+
+/// The controller kinds a pod refusal is counted under; any other is `other` (the label's
+/// values stay few whatever clients write in `ownerReferences`), a bare pod `none`.
+pub const OWNER_KINDS: [&str; 6] = [
+    "Job",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicationController",
+    "CronJob",
+];
+
+/// Every result of a pod review.
+const RESULTS: [&str; 5] = [
+    "mutated",
+    "unchanged",
+    "denied",
+    "admitted-on-error",
+    "invalid",
+];
+
+/// Every result of a workload review.
+const WORKLOAD_RESULTS: [&str; 4] = ["allowed", "denied", "admitted-on-error", "invalid"];
 
 /// Admission decisions take microseconds; buckets from 10 µs to 1 s.
 const BUCKETS: [f64; 14] = [
@@ -246,13 +281,38 @@ impl Default for Metrics {
             "1 while the cluster lists have not arrived after the sync timeout (checks in warn meanwhile)",
             cluster_degraded.clone(),
         );
+        let config_last_reload_ok = Gauge::default();
+        config_last_reload_ok.set(1);
+        registry.register(
+            "config_last_reload_successful",
+            "1 when the last configuration reload was put in force (or none was tried yet), 0 when it was refused (the previous configuration stays in force)",
+            config_last_reload_ok.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 while this replica is ready (what /readyz answers), 0 otherwise",
+            ready.clone(),
+        );
+        let build_info = Family::<BuildLabel, Gauge>::default();
+        registry.register(
+            "build_info",
+            "The build this replica runs (always 1): version and commit",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+                commit: env!("EVI_COMMIT"),
+            })
+            .set(1);
         let audit_decisions = Family::<AuditLabel, Counter>::default();
         registry.register(
             "audit_decisions",
             "Decisions that an audited rule, profile or default (mode: audit) would have changed, by what was audited (rule/<name>, profile/<name>, mode/audit for inline annotation volumes under the default) and what enforcing it would have done (mutated, denied, admitted-on-error, unchanged)",
             audit_decisions.clone(),
         );
-        Metrics {
+        let metrics = Metrics {
             audit_decisions,
             registry,
             requests,
@@ -276,12 +336,69 @@ impl Default for Metrics {
             cluster_objects,
             cluster_watch_errors,
             cluster_degraded,
-        }
+            ready,
+            config_last_reload_ok,
+        };
+        metrics.start_at_zero();
+        metrics
     }
 }
 
 impl Metrics {
-    pub fn encode(&self) -> String {
+    /// Every series of a closed set of label values, at 0 from the start: Prometheus sees
+    /// a counter's first increase (`increase()` of a series that appears at 1 is 0), and the
+    /// alerts and dashboard find the names they query on a replica that has served nothing.
+    fn start_at_zero(&self) {
+        use crate::{decision::DenyReason, volume::VolumeKind, workload::WORKLOADS};
+        for result in RESULTS {
+            drop(self.requests.get_or_create(&ResultLabel { result }));
+        }
+        for kind in VolumeKind::ALL {
+            drop(self.volumes.get_or_create(&KindLabel {
+                kind: kind.as_str(),
+            }));
+        }
+        let reasons = DenyReason::ALL.map(DenyReason::as_str);
+        for reason in reasons.into_iter().chain(["admitted-on-error"]) {
+            drop(self.denials.get_or_create(&ReasonLabel { reason }));
+        }
+        for owner_kind in OWNER_KINDS.into_iter().chain(["other", "none"]) {
+            for reason in reasons {
+                drop(
+                    self.denials_by_owner
+                        .get_or_create(&OwnerLabel { owner_kind, reason }),
+                );
+            }
+        }
+        for (_, kind, _) in WORKLOADS {
+            for result in WORKLOAD_RESULTS {
+                drop(
+                    self.workload_reviews
+                        .get_or_create(&WorkloadLabel { kind, result }),
+                );
+            }
+        }
+        for (outcome, reason) in [("success", ""), ("failure", "read"), ("failure", "invalid")] {
+            let label = ReloadLabel { outcome, reason };
+            drop(self.config_reloads.get_or_create(&label));
+            drop(self.cert_reloads.get_or_create(&label));
+        }
+        for port in ["webhook", "admin"] {
+            drop(self.connections_open.get_or_create(&PortLabel { port }));
+            drop(self.at_capacity.get_or_create(&PortLabel { port }));
+            for cause in super::connection::Cause::ALL {
+                let cause = cause.as_str();
+                drop(
+                    self.connections_closed
+                        .get_or_create(&CauseLabel { port, cause }),
+                );
+            }
+        }
+    }
+
+    /// The metrics in Prometheus' text format; `ready` is what `/readyz` answers now.
+    pub fn encode(&self, ready: bool) -> String {
+        self.ready.set(i64::from(ready));
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))

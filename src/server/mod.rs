@@ -17,6 +17,7 @@ mod metrics;
 mod reload;
 mod selftls;
 mod shutdown;
+mod tasks;
 pub mod tls;
 mod watch;
 
@@ -72,6 +73,24 @@ pub(crate) struct AppState {
     pub no_client: Option<String>,
     /// A valid serving certificate is in use (self-managed TLS starts without one).
     pub tls_ready: AtomicBool,
+}
+
+impl AppState {
+    /// Why the replica is not ready (`/readyz` answers 503 with it; `evi_ready` is 0), or
+    /// `None` when it is.
+    pub fn unready_reason(&self) -> Option<&'static str> {
+        if !self.ready.load(Ordering::SeqCst) {
+            Some("starting or shutting down")
+        } else if !self.tls_ready.load(Ordering::SeqCst) {
+            Some("no valid serving certificate (self-managed TLS: see the log)")
+        } else if !self.cluster_ready.load(Ordering::SeqCst) {
+            Some("waiting for the cluster's CSIDriver and StorageClass lists")
+        } else if self.at_capacity.load(Ordering::SeqCst) {
+            Some("the webhook port is at its connection cap")
+        } else {
+            None
+        }
+    }
 }
 
 /// Why `serve` could not start.
@@ -198,13 +217,18 @@ pub async fn serve(
         no_client,
         tls_ready: AtomicBool::new(self_tls.is_none()),
     });
+    let background = tasks::Background::new();
     if let (Some(settings), Some(client)) = (self_tls, tls_client) {
-        selftls::start(client, settings, state.clone());
+        selftls::start(client, settings, state.clone(), &background);
     }
     if let (Some(client), Some(w)) = (client, watch) {
         tracing::info!(sync_timeout = ?timing.cluster_sync, "cluster checks: watching CSIDrivers and StorageClasses");
-        watch::watch(client, w.clone(), state.clone());
-        tokio::spawn(watch::await_sync(w, state.clone(), timing.cluster_sync));
+        watch::watch(client, w.clone(), state.clone(), &background);
+        background.spawn(
+            tasks::Until::Exit,
+            "cluster checks: sync timeout",
+            watch::await_sync(w, state.clone(), timing.cluster_sync),
+        );
     }
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs)?));
 
@@ -239,7 +263,14 @@ pub async fn serve(
             .await;
         }
     });
-    start_reloader(&args, &state, loaded_cert, loaded_config, timing.poll);
+    start_reloader(
+        &args,
+        &state,
+        loaded_cert,
+        loaded_config,
+        timing.poll,
+        &background,
+    );
 
     let webhook_port = Port::new(
         "webhook",
@@ -256,10 +287,20 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     accept_loop(&listener, &webhook_port, shutdown.as_mut()).await;
 
+    background.signal();
     shutdown::drain(&state, listener, &webhook_port, stop_webhook, &timing).await;
+    if background.stop(BACKGROUND_STOP).await {
+        tracing::info!("background tasks stopped");
+    } else {
+        tracing::warn!(running = background.running(), within = ?BACKGROUND_STOP, "background tasks still running; exiting all the same");
+    }
     shutdown::close_admin(stop_admin, admin_task, admin_port).await;
     Ok(())
 }
+
+/// How long the shutdown waits for the background tasks after cancelling them (they stop at
+/// their next await point: at once, unless one is stuck).
+const BACKGROUND_STOP: Duration = Duration::from_secs(5);
 
 /// Watches the certificate and configuration files given on the command line, if any.
 fn start_reloader(
@@ -268,6 +309,7 @@ fn start_reloader(
     loaded_cert: Option<Vec<u8>>,
     loaded_config: Option<Vec<u8>>,
     poll: Duration,
+    background: &tasks::Background,
 ) {
     if args.tls_cert.is_none() && args.config.is_none() {
         return;
@@ -278,7 +320,11 @@ fn start_reloader(
         loaded_cert,
         loaded_config,
     };
-    tokio::spawn(reload::run(state.clone(), watched, poll));
+    background.spawn(
+        tasks::Until::Exit,
+        "reloader",
+        reload::run(state.clone(), watched, poll),
+    );
 }
 
 /// The client for the cluster checks. Cluster access is optional: a bad `--kubeconfig` stops

@@ -211,10 +211,12 @@ fn check_config(state: &AppState, path: &Path, seen: &mut Seen) {
         Ok(cfg) => {
             state.config.store(Arc::new(cfg));
             count(&state.metrics.config_reloads, "success", "");
+            state.metrics.config_last_reload_ok.set(1);
             tracing::info!(config = %path.display(), "configuration reloaded");
         }
         Err((reason, e)) => {
             count(&state.metrics.config_reloads, "failure", reason);
+            state.metrics.config_last_reload_ok.set(0);
             tracing::error!(config = %path.display(), reason, error = %e, "new configuration refused; the old one stays in force");
         }
     }
@@ -346,11 +348,21 @@ mod tests {
             "refused once per new content"
         );
         assert_eq!(profiles(&state), 1, "the good configuration stays");
+        let last_ok = |s: &AppState| s.metrics.config_last_reload_ok.get();
+        assert_eq!(last_ok(&state), 0, "the alert sees the refusal");
+
+        std::fs::write(
+            &path,
+            "profiles: {scratch: {emptyDir: {}}, ram: {emptyDir: {medium: Memory}}}\n",
+        )
+        .unwrap();
+        check_config(&state, &path, &mut seen);
+        assert_eq!((profiles(&state), last_ok(&state)), (2, 1), "fixed");
 
         std::fs::remove_file(&path).unwrap();
         check_config(&state, &path, &mut seen);
         assert_eq!(reloads(m, "failure", "read"), 1);
-        assert_eq!(profiles(&state), 1);
+        assert_eq!((profiles(&state), last_ok(&state)), (2, 0));
     }
 
     #[test]

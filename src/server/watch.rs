@@ -121,14 +121,35 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Option<Client>, Cluster
 }
 
 /// Starts the two watches; `w` fills in as the lists arrive.
-pub fn watch(client: Client, w: Arc<ClusterWatch>, state: Arc<AppState>) {
-    tokio::spawn(run(
-        Api::<CSIDriver>::all(client.clone()),
-        w.clone(),
-        state.clone(),
-        drivers(),
-    ));
-    tokio::spawn(run(Api::<StorageClass>::all(client), w, state, classes()));
+/// They run through the drain and stop after it.
+pub fn watch(
+    client: Client,
+    w: Arc<ClusterWatch>,
+    state: Arc<AppState>,
+    background: &super::tasks::Background,
+) {
+    use super::tasks::Until;
+    // Known from the start (at 0), so that the dashboard and alerts find them.
+    for kind in [drivers().name, classes().name] {
+        let label = KindLabel { kind };
+        drop(state.metrics.cluster_objects.get_or_create(&label));
+        drop(state.metrics.cluster_watch_errors.get_or_create(&label));
+    }
+    background.spawn(
+        Until::Exit,
+        "cluster checks: CSIDriver watch",
+        run(
+            Api::<CSIDriver>::all(client.clone()),
+            w.clone(),
+            state.clone(),
+            drivers(),
+        ),
+    );
+    background.spawn(
+        Until::Exit,
+        "cluster checks: StorageClass watch",
+        run(Api::<StorageClass>::all(client), w, state, classes()),
+    );
 }
 
 /// CSIDrivers: the volume lifecycle modes (is `Ephemeral` among them).

@@ -166,21 +166,10 @@ async fn review_at(
     response
 }
 
-/// The controller kinds a pod refusal is counted under; any other is `other` (the label's
-/// values stay few whatever clients write in `ownerReferences`).
-const OWNER_KINDS: [&str; 6] = [
-    "Job",
-    "ReplicaSet",
-    "StatefulSet",
-    "DaemonSet",
-    "ReplicationController",
-    "CronJob",
-];
-
 fn owner_kind(h: &review::Handled<'_>) -> &'static str {
     match &h.subject.owner {
         None => "none",
-        Some((kind, _)) => OWNER_KINDS
+        Some((kind, _)) => super::metrics::OWNER_KINDS
             .iter()
             .find(|k| **k == kind.as_ref())
             .copied()
@@ -362,7 +351,7 @@ mod tests {
         let mut again = bad.clone();
         again["injector.ephemeral-volumes.io/error"] = serde_json::json!("x");
         post(&state, &review(again)).await;
-        let text = state.metrics.encode();
+        let text = state.metrics.encode(true);
         for line in [
             "evi_admission_requests_total{result=\"mutated\"} 1",
             "evi_admission_requests_total{result=\"unchanged\"} 1",
@@ -378,7 +367,7 @@ mod tests {
         let state = self::state("");
         let denied = post(&state, &review(bad)).await;
         assert_eq!(denied["response"]["status"]["code"], 400);
-        let text = state.metrics.encode();
+        let text = state.metrics.encode(true);
         assert!(
             text.contains("evi_admission_requests_total{result=\"denied\"} 1"),
             "{text}"
@@ -387,7 +376,15 @@ mod tests {
             text.contains("evi_denials_total{reason=\"invalid\"} 1"),
             "{text}"
         );
-        assert!(!text.contains("admitted-on-error\"} "), "{text}");
+        // Every other outcome is there, at 0 (Prometheus sees their first increase).
+        assert!(
+            text.contains("evi_admission_requests_total{result=\"admitted-on-error\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evi_denials_total{reason=\"admitted-on-error\"} 0"),
+            "{text}"
+        );
     }
 
     #[tokio::test]
@@ -416,7 +413,7 @@ mod tests {
             {"apiVersion": "batch/v1", "kind": "Job", "name": "nf-1", "uid": "1", "controller": true}]);
         post_to(&state, "/mutate", &pod).await;
         post_to(&state, "/mutate", &review(bad)).await;
-        let text = state.metrics.encode();
+        let text = state.metrics.encode(true);
         for line in [
             "evi_workload_reviews_total{kind=\"Job\",result=\"denied\"} 1",
             "evi_workload_reviews_total{kind=\"Job\",result=\"allowed\"} 1",
@@ -450,7 +447,7 @@ mod tests {
         assert!(
             state
                 .metrics
-                .encode()
+                .encode(true)
                 .contains("evi_http_responses_total{port=\"webhook\",code=\"413\"} 1")
         );
     }
@@ -511,7 +508,7 @@ mod tests {
         assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(error(&b).contains("65536 bytes (--max-body-bytes)"), "{b}");
 
-        let text = state.metrics.encode();
+        let text = state.metrics.encode(true);
         for line in [
             "evi_admission_requests_total{result=\"invalid\"} 3",
             "evi_http_responses_total{port=\"webhook\",code=\"400\"} 3",

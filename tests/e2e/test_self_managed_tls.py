@@ -10,6 +10,7 @@ import base64
 import contextlib
 import json
 import re
+import signal
 import ssl
 import time
 from pathlib import Path
@@ -357,3 +358,31 @@ def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(
         time.sleep(1)
         assert replica.served() == new_der and replica.steps() == ["created"], replica.steps()
         assert rel.mutated()
+
+
+def test_a_terminating_replica_leaves_the_ca_bundle_to_its_successors(cluster, pods_ns, tmp_path):
+    """After SIGTERM a replica drains (here 6 s) but writes nothing more: a caBundle changed
+    meanwhile (by the replica replacing it, of another TLS mode, say) is not put back, while a
+    running replica puts it back within a second (the test above). It still exits cleanly."""
+    with applied(cluster, "terminating", tmp_path, {"server": {"drainDelaySeconds": 6}}) as (rel, text):
+        (replica,) = rel.start(text)
+        wait_for("the caBundle set", lambda: all(rel.ca_bundles()), timeout=20)
+        patches = replica.metric("evi_ca_bundle_patches_total")
+        replica.proc.send_signal(signal.SIGTERM)
+        wait_for("the replica unready (draining)", lambda: replica.admin("/readyz")[0] == 503, timeout=5, interval=0.05)
+        mwc = rel.cluster.get("mutatingwebhookconfiguration", rel.fullname)
+        for k in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+            mwc["metadata"].pop(k, None)
+        for w in mwc["webhooks"]:
+            w["clientConfig"].pop("caBundle", None)
+        rel.cluster.kubectl("apply", "-f", "-", input=json.dumps(mwc))
+        time.sleep(4)
+        assert replica.admin("/healthz")[0] == 200, "still draining"
+        mutating = [base64.b64decode(w["clientConfig"].get("caBundle", ""))
+                    for w in rel.cluster.get("mutatingwebhookconfiguration", rel.fullname)["webhooks"]]
+        assert not any(mutating), "a terminating replica put the caBundle back"
+        assert replica.metric("evi_ca_bundle_patches_total") == patches
+        assert replica.proc.wait(20) == 0
+        messages = [e.get("message") for e in replica.log()]
+        assert "background tasks stopped" in messages, messages[-5:]
+        replica.proc = None

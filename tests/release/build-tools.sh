@@ -5,6 +5,8 @@
 #   registry  distribution/v3's registry (the run's own OCI registry, on loopback only)
 #   crane     go-containerregistry's crane (pushes the image index, reads digests)
 #   cosign    sigstore's cosign (signs the index and the chart, attests the SBOM)
+#   promtool  Prometheus 3.16's (module v0.316.0): checks and unit-tests the chart's alerts and
+#             parses the dashboard's queries; built without service discovery plugins (the tags).
 # and cert-manager v1.21 (tests/controlplane/certmanager: its controllers and CA injector, with
 # its CRDs), cached by the hash of that module's go.sum and source.
 # Prints the directory holding a bin/ with a link to each. With --download-only it downloads
@@ -20,12 +22,13 @@ tools=(
   "registry github.com/distribution/distribution/v3/cmd/registry v3.1.2"
   "crane github.com/google/go-containerregistry/cmd/crane v0.22.1"
   "cosign github.com/sigstore/cosign/v3/cmd/cosign v3.1.3"
+  "promtool github.com/prometheus/prometheus/cmd/promtool v0.316.0 remove_all_sd"
 )
 for entry in "${tools[@]}"; do
-  read -r name pkg version <<<"$entry"
+  read -r name pkg version tags <<<"$entry"
   dir="$out/$name-$version"
   if $download_only; then
-    [ -x "$dir/$name" ] || GOFLAGS="-trimpath" CGO_ENABLED=0 go install -n "$pkg@$version" >/dev/null 2>&1 \
+    [ -x "$dir/$name" ] || GOFLAGS="-trimpath" CGO_ENABLED=0 go install -n -tags "$tags" "$pkg@$version" >/dev/null 2>&1 \
       || echo "build-tools: $pkg@$version not downloaded" >&2
     continue
   fi
@@ -34,7 +37,7 @@ for entry in "${tools[@]}"; do
     echo "building $name $version (a few minutes on a fresh machine)" >&2
     rm -rf "$dir.tmp"
     mkdir -p "$dir.tmp"
-    GOBIN="$dir.tmp" CGO_ENABLED=0 GOFLAGS="-trimpath" go install -ldflags "-s -w" "$pkg@$version" >&2
+    GOBIN="$dir.tmp" CGO_ENABLED=0 GOFLAGS="-trimpath" go install -tags "$tags" -ldflags "-s -w" "$pkg@$version" >&2
     rm -rf "$dir"
     mv "$dir.tmp" "$dir"
     echo "$name $version built in $(( $(date +%s) - start )) s" >&2

@@ -159,8 +159,15 @@ impl Ctx {
     }
 }
 
-/// Starts the watches and the loop.
-pub fn start(client: Client, settings: Settings, state: Arc<AppState>) {
+/// Starts the watches and the loop; they stop at the shutdown signal (a terminating replica
+/// writes nothing more: the replicas replacing it own the Secret and the caBundles).
+pub fn start(
+    client: Client,
+    settings: Settings,
+    state: Arc<AppState>,
+    background: &super::tasks::Background,
+) {
+    use super::tasks::Until;
     tracing::info!(secret = %format!("{}/{}", settings.namespace, settings.name), names = ?settings.names,
         mutating = ?settings.mutating, validating = ?settings.validating, "self-managed TLS: keeping the certificate in this Secret");
     let ctx = Arc::new(Ctx {
@@ -173,20 +180,28 @@ pub fn start(client: Client, settings: Settings, state: Arc<AppState>) {
     });
     let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
-    tokio::spawn(watch_secret(
-        ctx.clone(),
-        secrets,
-        by_name(&ctx.settings.name),
-    ));
+    background.spawn(
+        Until::Signal,
+        "self-managed TLS: Secret watch",
+        watch_secret(ctx.clone(), secrets, by_name(&ctx.settings.name)),
+    );
     for name in &ctx.settings.mutating {
         let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-        tokio::spawn(wake_on_change(ctx.clone(), api, by_name(name)));
+        background.spawn(
+            Until::Signal,
+            "self-managed TLS: webhook configuration watch",
+            wake_on_change(ctx.clone(), api, by_name(name)),
+        );
     }
     for name in &ctx.settings.validating {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(ctx.client.clone());
-        tokio::spawn(wake_on_change(ctx.clone(), api, by_name(name)));
+        background.spawn(
+            Until::Signal,
+            "self-managed TLS: webhook configuration watch",
+            wake_on_change(ctx.clone(), api, by_name(name)),
+        );
     }
-    tokio::spawn(run(ctx));
+    background.spawn(Until::Signal, "self-managed TLS", run(ctx));
 }
 
 /// The Secret's watch: a stored certificate is served as soon as it arrives.
