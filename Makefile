@@ -3,7 +3,9 @@
 #
 #   make lint    fmt, clippy, doc, the scripts lint                 (Rust toolchain only)
 #   make unit    every Rust test: unit, golden, property, CLI, docs, the server over real TLS
-#   make tools   helm, kubectl, the Python tools, cargo-deny, the control plane (cached by version)
+#   make tools   helm, kubectl, the Python tools, cargo-deny, the control plane (cached by version);
+#                tools-base is all but the Go builds that only e2e needs, tools-go those
+#                (controlplane: the control plane alone)
 #   make audit   cargo deny: licenses, bans, sources                (needs: tools)
 #   make chart   golden outputs against the Kubernetes schema, the chart's values documented
 #                (charts/values-doc.py), its tests, yamllint, hadolint, trivy (needs: tools)
@@ -33,8 +35,8 @@ PLATFORMS := amd64:x86_64-unknown-linux-musl arm64:aarch64-unknown-linux-musl
 CARGO_CYCLONEDX_VERSION := 0.5.9
 CARGO_CYCLONEDX := $(TOOLS_DIR)/cargo-cyclonedx-$(CARGO_CYCLONEDX_VERSION)/bin/cargo-cyclonedx
 
-.PHONY: ci lint unit build musl release-binaries release images sbom tools audit chart e2e
-ci: lint unit tools audit chart release e2e
+.PHONY: ci lint unit build musl release-binaries release images sbom tools tools-base tools-go controlplane audit chart e2e
+ci: lint unit tools-base audit chart release controlplane e2e
 
 lint:
 	bash .ci/lint-pipes.sh
@@ -83,6 +85,15 @@ release: images sbom
 	python3 -m pytest -q tests/release
 tools:
 	bash .ci/install-tools.sh
+# What audit, chart and release need; the Go builds only e2e needs (tools = both).
+tools-base:
+	bash .ci/install-tools.sh --base
+tools-go:
+	bash .ci/install-tools.sh --go
+# The control plane alone: what every end-to-end test needs first (the node's tests build, or
+# wait for, the release tools and Prometheus themselves: tests/release/build-tools.sh).
+controlplane:
+	bash tests/controlplane/build.sh
 
 audit:
 	$(CARGO_DENY) --locked check licenses bans sources

@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
 # Installs the tools the tests use beyond the Rust toolchain. Idempotent; every tool is pinned.
+#   bash .ci/install-tools.sh          everything (make tools)
+#   bash .ci/install-tools.sh --base   all but the Go builds the end-to-end tests need: the Python
+#                                      tools, helm, kubectl, Debian's packages, the Rust targets,
+#                                      cargo-deny, cargo-cyclonedx, promtool (make tools-base)
+#   bash .ci/install-tools.sh --go     the registry, crane, cosign, Prometheus, cert-manager and the control
+#                                      plane, from the Go module proxy (make tools-go; CI starts it
+#                                      in the background at the start, .ci/test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+part="${1:-all}"
+case "$part" in all|--base|--go) ;; *) echo "usage: $0 [--base|--go]" >&2; exit 2 ;; esac
 
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 mkdir -p "$TOOLS_DIR/bin"
+if [ "$part" = --go ]; then
+  # The release tools (the run's registry, crane, cosign, cert-manager), then the real control
+  # plane the end-to-end tests run against; built from the Go module proxy, cached by version.
+  bash tests/release/build-tools.sh registry crane cosign prometheus cert-manager >/dev/null
+  bash tests/controlplane/build.sh
+  echo "install-tools: Go tools ready after $SECONDS s" >&2
+  exit 0
+fi
 echo "install-tools: started" >&2
 
 python3 -m pip install --quiet --disable-pip-version-check \
@@ -75,14 +92,17 @@ cargo_tool() { # crate MAKEFILE_VARIABLE
     echo "$1 $version built in $(( SECONDS - start )) s" >&2
   fi
 }
-cargo_tool cargo-deny CARGO_DENY_VERSION
+# Side by side: each build's serial end (its last crates, the link) leaves a core idle.
+cargo_tool cargo-deny CARGO_DENY_VERSION &
+deny=$!
 cargo_tool cargo-cyclonedx CARGO_CYCLONEDX_VERSION
+wait "$deny"
 
-# The release tools (the run's registry, crane, cosign), built from the Go module proxy and
-# cached by version.
-bash tests/release/build-tools.sh >/dev/null
+# promtool (the chart's alerts and dashboard, make chart), from the Go module proxy.
+bash tests/release/build-tools.sh promtool >/dev/null
+echo "install-tools: base tools ready after $SECONDS s" >&2
 
-# The real control plane the end-to-end tests run against (etcd, kube-apiserver,
-# kube-controller-manager), built from the Go module proxy and cached by version.
-bash tests/controlplane/build.sh
+if [ "$part" = all ]; then
+  bash .ci/install-tools.sh --go
+fi
 echo "tools in $TOOLS_DIR/bin"

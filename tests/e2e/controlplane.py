@@ -43,6 +43,16 @@ def binaries_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def older_apiserver() -> Path:
+    """The older kube-apiserver (tests/controlplane/build.sh --old): built if missing, or
+    waited for while CI's background build makes it (.ci/go-tools.sh)."""
+    out = subprocess.run(["bash", str(ROOT / "tests/controlplane/build.sh"), "--old"], check=True,
+                         capture_output=True, text=True)
+    directory = Path(out.stdout.strip().splitlines()[-1])
+    (binary,) = directory.glob("kube-apiserver-v*")
+    return binary
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,8 +126,8 @@ class ControlPlane:
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="evi-controlplane-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bin = bindir or binaries_dir()
-        # Another kube-apiserver build in the same directory (an older release), and whether
-        # to run kube-controller-manager beside it.
+        # Another kube-apiserver (a path: an older release, older_apiserver()), and whether to
+        # run kube-controller-manager beside it.
         self.apiserver = apiserver
         self.controllers = controllers
         # With a node (tests/e2e/node.py, inside the test's network namespace): the API server

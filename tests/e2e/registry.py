@@ -24,6 +24,13 @@ RELEASE_BIN = TOOLS_DIR / "release" / "bin"
 COSIGN_ENV = {"COSIGN_PASSWORD": "", "COSIGN_YES": "true", "COSIGN_EXPERIMENTAL": "0"}
 
 
+def release_tools(*names: str) -> None:
+    """Builds the release tools named if missing (tests/release/build-tools.sh), or waits while
+    CI's background build makes them (.ci/go-tools.sh); cached."""
+    subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "tests/release/build-tools.sh"), *names],
+                   check=True, capture_output=True, text=True)
+
+
 def tool(name: str) -> str:
     path = RELEASE_BIN / name
     if not path.exists():

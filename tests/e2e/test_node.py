@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CHART, HELM, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
-from controlplane import start_process, stop_process
+import yaml
+from conftest import BINARY, CHART, HELM, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
+from controlplane import free_port, start_process, stop_process
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT
-from registry import RELEASE_BIN, Registry
+from prometheus import Prometheus
+from registry import RELEASE_BIN, Registry, release_tools
 
 P = "ephemeral-volumes.io"
 NS = "nf-node"
@@ -59,6 +61,7 @@ def published(node, tmp_path_factory):
     """A release as release/publish.sh makes it, into the run's own registry, signed with a
     key pair made for the run; the node's containerd pulls from that registry."""
     assert (OCI / "index.json").exists(), f"{OCI} is missing: make images builds it"
+    release_tools("registry", "crane", "cosign")
     work = tmp_path_factory.mktemp("release")
     registry = Registry(work / "registry").start()
     node.use_registry(registry.host)
@@ -629,6 +632,7 @@ def test_host_network_serves_where_pod_ips_are_unreachable(cluster, chart, publi
 def cert_manager(cluster, node, tmp_path_factory):
     """cert-manager v1.21's controllers and CA injector (tests/controlplane/certmanager), as a
     process beside the control plane, with its CRDs."""
+    release_tools("cert-manager")
     crds = (RELEASE_BIN.parent / "cert-manager-crds").resolve()  # kubectl does not follow a linked directory
     cluster.kubectl("apply", "--server-side", "-f", crds)
     for crd in ("certificates.cert-manager.io", "issuers.cert-manager.io", "certificaterequests.cert-manager.io"):
@@ -821,3 +825,78 @@ def test_upgrading_from_the_helm_mode_to_self_managed_tls_refuses_no_pod(cluster
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         for w in cluster.get(kind, FULL)["webhooks"]:
             assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])
+
+
+def shipped_alerts_without_waiting(out: Path) -> Path:
+    """The chart's alerts as shipped (monitoring/alerts.yaml: the same expressions, thresholds
+    and labels), with each `for:` cut to 0 s: the test waits for the expressions, not the clock."""
+    rules = yaml.safe_load((ROOT / "monitoring" / "alerts.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "0s"
+    out.write_text(yaml.safe_dump(rules))
+    return out
+
+
+def test_a_real_prometheus_fires_and_resolves_the_charts_alerts(cluster, chart, published, tmp_path):
+    """Prometheus scrapes the chart's pods on the node with the chart's rules loaded: quiet while
+    all is well; the workload-refusal alert fires for a burst of bad Nextflow Jobs; the
+    no-ready-replica alert fires when the webhook is scaled to zero (its targets gone, as service
+    discovery sees it) and resolves when it is back; the certificate alert fires for a replica
+    serving a two-day certificate."""
+    release_tools("prometheus")
+    prom = Prometheus(tmp_path / "prometheus", shipped_alerts_without_waiting(tmp_path / "alerts.yaml")).start()
+    local = None
+    try:
+        def scrape_pods():
+            pods = ready_webhook_pods(cluster)
+            prom.set_targets("chart", [f"{p['status']['podIP']}:8080" for p in pods], {"namespace": RELEASE_NS})
+            return len(pods)
+
+        assert scrape_pods() == 2
+        wait_for("both replicas scraped and ready", lambda: prom.value("sum(evi_ready)") == 2, timeout=30)
+        time.sleep(2)
+        assert prom.alerts() == [], "quiet while all is well"
+
+        # A pipeline launching tasks with a broken annotation: every Job refused at creation.
+        for i in range(15):
+            bad = nextflow_job(f"bad-task-{i}", {f"{P}/scratch": "type=emptyDir,mountPath=scratch,size=1Gi"}, "true")
+            refused = cluster.create(bad, check=False)
+            assert refused.returncode != 0 and f"workloads.{P}" in refused.stderr, refused.stderr
+        wait_for("the workload refusal alert", lambda: prom.firing("EphemeralVolumeInjectorWorkloadRefusals"),
+                 timeout=30)
+        (alert,) = prom.firing("EphemeralVolumeInjectorWorkloadRefusals")
+        assert alert["labels"]["kind"] == "Job" and alert["labels"]["severity"] == "warning", alert
+        assert "Job objects were refused" in alert["annotations"]["description"], alert
+
+        cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=0")
+        try:
+            wait_for("no webhook pod", lambda: not webhook_pods(cluster), timeout=90, interval=1)
+            assert scrape_pods() == 0
+            wait_for("the no-ready-replica alert", lambda: prom.firing("EphemeralVolumeInjectorNoReadyReplica"),
+                     timeout=30)
+        finally:
+            cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
+            cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
+        wait_for("both replicas back", lambda: scrape_pods() == 2, timeout=30)
+        wait_for("the no-ready-replica alert resolved",
+                 lambda: not prom.firing("EphemeralVolumeInjectorNoReadyReplica"), timeout=30)
+
+        # A replica serving a certificate two days from expiry (nothing renewed it).
+        ca = pem_pair(tmp_path, "short-ca", None, "")
+        key, crt = pem_pair(tmp_path, "short", ca, "DNS:localhost")
+        admin = free_port()
+        local = start_process([str(BINARY), "serve", "--listen", f"127.0.0.1:{free_port()}",
+                               "--admin-listen", f"127.0.0.1:{admin}", "--tls-cert", str(crt), "--tls-key", str(key)],
+                              tmp_path / "short-lived.log")
+        prom.set_targets("short-lived", [f"127.0.0.1:{admin}"], {"instance_kind": "short-lived"})
+        wait_for("the certificate alert", lambda: prom.firing("EphemeralVolumeInjectorCertificateExpiring"),
+                 timeout=30)
+        (alert,) = prom.firing("EphemeralVolumeInjectorCertificateExpiring")
+        assert alert["labels"]["certificate"] == "serving" and alert["labels"]["instance_kind"] == "short-lived", alert
+        assert float(alert["value"]) < 2 * 86400
+        # The chart's replicas (ten-year certificates, tls.mode=helm) are not among them.
+    finally:
+        if local:
+            stop_process(local)
+        prom.stop()

@@ -11,9 +11,8 @@ import subprocess
 import pytest
 import yaml
 from conftest import CHART, HELM, RELEASE_NS, Cluster, Release, pod, volumes_by_name, wait_for
-from controlplane import ControlPlane
+from controlplane import ControlPlane, older_apiserver
 
-OLD = "kube-apiserver-v1.29.15"
 P = "ephemeral-volumes.io"
 
 
@@ -21,7 +20,9 @@ P = "ephemeral-volumes.io"
 def old_cluster(tmp_path_factory):
     # No controller manager: a 1.37 one would not talk to a 1.29 API server; the
     # ServiceAccounts it would create are created here.
-    cp = ControlPlane(tmp_path_factory.mktemp("old-controlplane"), apiserver=OLD, controllers=False)
+    old = older_apiserver()
+    assert old.name == "kube-apiserver-v1.29.15", old
+    cp = ControlPlane(tmp_path_factory.mktemp("old-controlplane"), apiserver=str(old), controllers=False)
     cp.start()
     cluster = Cluster(cp)
     assert json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"] == "v1.29.15"
