@@ -726,6 +726,11 @@ fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
             &["--log-level", "info,evi=loud"],
             "\"evi=loud\" is not a log level",
         ),
+        // A body of the largest size could never get room.
+        (
+            &["--max-inflight-body-bytes", "1048576"],
+            "--max-inflight-body-bytes (1048576) must be at least --max-body-bytes (4194304)",
+        ),
     ];
     for (args, want) in cases {
         let out = serve_on_loopback()

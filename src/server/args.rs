@@ -90,6 +90,12 @@ pub struct ServeArgs {
     /// Largest request body accepted; an UPDATE review carries two pods.
     #[arg(long, env = "EVI_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Request bodies held at once, in bytes (each counted at its Content-Length, or at
+    /// --max-body-bytes without one, from before it is read until its answer is sent); more
+    /// wait for room. Bounds memory under a flood of the largest reviews, which would
+    /// otherwise get the webhook killed at its memory limit. At least --max-body-bytes.
+    #[arg(long, env = "EVI_MAX_INFLIGHT_BODY_BYTES", default_value_t = 32 << 20)]
+    pub max_inflight_body_bytes: usize,
     /// Seconds a client has to finish the TLS handshake, the HTTP/2 preface and each
     /// request's headers (from its first byte). The API server sends a request at once.
     #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
@@ -161,6 +167,12 @@ impl ServeArgs {
             "--admin-idle-timeout-seconds",
             self.admin_idle_timeout_seconds,
         )?;
+        if self.max_inflight_body_bytes < self.max_body_bytes {
+            return Err(ServeError::Flag(format!(
+                "--max-inflight-body-bytes ({}) must be at least --max-body-bytes ({}): a body of the largest size could never be read",
+                self.max_inflight_body_bytes, self.max_body_bytes
+            )));
+        }
         Ok(Timing {
             webhook: Bounds {
                 header: seconds("--header-timeout-seconds", self.header_timeout_seconds)?,

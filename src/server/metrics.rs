@@ -108,6 +108,8 @@ pub struct Metrics {
     pub tls_steps: Family<StepLabel, Counter>,
     pub tls_errors: Family<OperationLabel, Counter>,
     pub ca_bundle_patches: Counter,
+    /// Requests that waited for room under --max-inflight-body-bytes.
+    pub body_budget_waits: Counter,
     pub connections_closed: Family<CauseLabel, Counter>,
     pub connections_open: Family<PortLabel, Gauge>,
     pub at_capacity: Family<PortLabel, Counter>,
@@ -263,6 +265,12 @@ impl Default for Metrics {
             "Self-managed TLS: webhooks whose caBundle this replica set (at the start, at a rotation, or back after something else changed it)",
             ca_bundle_patches.clone(),
         );
+        let body_budget_waits = Counter::default();
+        registry.register(
+            "body_budget_waits",
+            "Requests whose body waited for room: the bodies held at once reached --max-inflight-body-bytes",
+            body_budget_waits.clone(),
+        );
         let cluster_objects = Family::<KindLabel, Gauge>::default();
         registry.register(
             "cluster_objects",
@@ -329,6 +337,7 @@ impl Default for Metrics {
             tls_steps,
             tls_errors,
             ca_bundle_patches,
+            body_budget_waits,
             connections_closed,
             connections_open,
             at_capacity,

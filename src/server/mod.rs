@@ -45,6 +45,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 pub use self::args::{LogFormat, ServeArgs};
+use self::webhook::BodyBudget;
 use self::{
     listener::{Port, accept_loop},
     logging::{LOG_GUARD, flush_log, init_logging},
@@ -63,6 +64,8 @@ pub(crate) struct AppState {
     /// The webhook port is at its connection cap: not ready, so the Service sends elsewhere.
     pub at_capacity: AtomicBool,
     pub max_body_bytes: usize,
+    /// Room for request bodies held at once (--max-inflight-body-bytes), in KiB.
+    pub body_budget: BodyBudget,
     pub body_timeout: Duration,
     /// The cluster as the watches see it; `None` without API access (checks off).
     pub cluster: Option<Arc<watch::ClusterWatch>>,
@@ -211,6 +214,7 @@ pub async fn serve(
         ready: AtomicBool::new(false),
         at_capacity: AtomicBool::new(false),
         max_body_bytes: args.max_body_bytes,
+        body_budget: BodyBudget::new(args.max_inflight_body_bytes),
         body_timeout: timing.body,
         cluster: watch.clone(),
         cluster_ready: AtomicBool::new(watch.is_none()),
@@ -485,6 +489,7 @@ pub(crate) fn test_state(config: &str) -> Arc<AppState> {
         ready: AtomicBool::new(true),
         at_capacity: AtomicBool::new(false),
         max_body_bytes: 1 << 20,
+        body_budget: BodyBudget::new(32 << 20),
         body_timeout: Duration::from_secs(5),
         cluster: None,
         cluster_ready: AtomicBool::new(true),

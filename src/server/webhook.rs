@@ -39,6 +39,52 @@ pub fn router(state: Arc<AppState>) -> Router {
     )
 }
 
+/// Room for the request bodies held at once (`--max-inflight-body-bytes`), counted in KiB: a
+/// request takes its share before its body is read and gives it back once its answer is
+/// built, so that a flood of the largest reviews waits instead of growing the heap past the
+/// memory limit (where the kernel would kill the replica, and the API server refuse the pods
+/// it was sending there until the kubelet marks it unready).
+pub(crate) struct BodyBudget {
+    room: tokio::sync::Semaphore,
+    total_kib: u32,
+}
+
+impl BodyBudget {
+    pub fn new(bytes: usize) -> Self {
+        let total_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        BodyBudget {
+            room: tokio::sync::Semaphore::new(total_kib as usize),
+            total_kib,
+        }
+    }
+
+    /// Waits for room for `bytes` (never more than the whole budget). `None` only if the
+    /// budget was closed, which it never is: the request then goes on without a share.
+    async fn reserve(
+        &self,
+        bytes: usize,
+        metrics: &Metrics,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total_kib.max(1));
+        match self.room.try_acquire_many(kib) {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                metrics.body_budget_waits.inc();
+                self.room.acquire_many(kib).await.ok()
+            }
+        }
+    }
+}
+
+fn declared_length(req: &axum::extract::Request) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// The body, within the size and time bounds. A `Content-Length` over the limit is refused
 /// before anything is read (so `Expect: 100-continue` gets its 413 at once, not a 100).
 async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Bytes, Response> {
@@ -49,11 +95,7 @@ async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Byte
             &format!("request body over the limit of {limit} bytes (--max-body-bytes)"),
         )
     };
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(&req);
     if declared.is_some_and(|n| n > limit as u64) {
         // Refused before it is read. A client that sends its body anyway (no `Expect:
         // 100-continue`) is still writing it: read and drop up to one limit's worth for a
@@ -119,6 +161,34 @@ async fn review_at(
     endpoint: review::Endpoint,
     req: axum::extract::Request,
 ) -> Response {
+    // Its share of the body budget, held until the answer is built: a body over the size
+    // limit needs none (it gets its 413 unread), one of unknown size is counted at the limit.
+    let wanted = match declared_length(&req) {
+        Some(n) if n > state.max_body_bytes as u64 => 0,
+        Some(n) => usize::try_from(n).unwrap_or(state.max_body_bytes),
+        None => state.max_body_bytes,
+    };
+    let _room = if wanted == 0 {
+        None
+    } else {
+        match tokio::time::timeout(
+            state.body_timeout,
+            state.body_budget.reserve(wanted, &state.metrics),
+        )
+        .await
+        {
+            Ok(room) => room,
+            Err(_) => {
+                return json_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!(
+                        "no room for the request body within {:?} (--body-timeout-seconds): the bodies being served fill --max-inflight-body-bytes",
+                        state.body_timeout
+                    ),
+                );
+            }
+        }
+    };
     let body = match read_body(state, req).await {
         Ok(b) => b,
         Err(response) => return response,
@@ -531,6 +601,91 @@ mod tests {
         let request = axum::http::Request::post("/mutate").body(body).unwrap();
         let response = router(state.clone()).oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    }
+
+    /// A request whose body arrives in two parts, the second when told.
+    fn streamed(
+        body: &[u8],
+    ) -> (
+        axum::http::Request<axum::body::Body>,
+        impl FnOnce() -> tokio::task::JoinHandle<()>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(2);
+        let (first, rest) = body.split_at(body.len() / 2);
+        let (first, rest) = (Bytes::copy_from_slice(first), Bytes::copy_from_slice(rest));
+        let request = axum::http::Request::post("/mutate")
+            .header("content-type", "application/json")
+            .header(header::CONTENT_LENGTH, body.len())
+            .body(axum::body::Body::from_stream(tokio_stream_of(rx)))
+            .unwrap();
+        tx.try_send(Ok(first)).unwrap();
+        (request, move || {
+            tokio::spawn(async move {
+                tx.send(Ok(rest)).await.unwrap();
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn bodies_past_the_inflight_budget_wait_for_room_and_are_then_served() {
+        let mut small = Arc::into_inner(state("")).unwrap();
+        let body = serde_json::to_vec(&review(
+            serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s"}),
+        ))
+        .unwrap();
+        // Room for one such body and a half.
+        small.body_budget = BodyBudget::new(body.len() * 3 / 2);
+        let state = Arc::new(small);
+        let (first, finish_first) = streamed(&body);
+        let (second, finish_second) = streamed(&body);
+        let first = tokio::spawn(router(state.clone()).oneshot(first));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = tokio::spawn(router(state.clone()).oneshot(second));
+        finish_second();
+        // The second's body is all there, but the first holds the room it needs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished(), "the second request did not wait");
+        assert!(
+            state
+                .metrics
+                .encode(true)
+                .contains("evi_body_budget_waits_total 1")
+        );
+        finish_first();
+        for handle in [first, second] {
+            let response = handle.await.unwrap().unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+        // Every share given back: a body of the whole budget's size gets room at once.
+        assert_eq!(
+            post(&state, &review(serde_json::json!({}))).await["response"]["allowed"],
+            true
+        );
+        assert!(
+            state
+                .metrics
+                .encode(true)
+                .contains("evi_body_budget_waits_total 1")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_that_finds_no_room_in_time_gets_a_503_naming_the_flag() {
+        let mut small = Arc::into_inner(state("")).unwrap();
+        small.body_budget = BodyBudget::new(1024);
+        small.body_timeout = Duration::from_millis(50);
+        let state = Arc::new(small);
+        // Held by the requests being served.
+        let _held = state.body_budget.room.try_acquire_many(1).unwrap();
+        let (s, b) = send(&state, "POST", "/mutate", b"{}".to_vec()).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            b["error"]
+                .as_str()
+                .unwrap()
+                .contains("--max-inflight-body-bytes"),
+            "{b}"
+        );
     }
 
     fn tokio_stream_of(

@@ -689,3 +689,12 @@ def test_the_schema_refuses_a_log_level_the_webhook_would_refuse(level, ok):
         assert f"--log-level={level}" in c["args"], c["args"]
     else:
         assert "/server/logLevel" in p.stderr, p.stderr
+
+
+def test_an_inflight_body_budget_below_the_body_limit_is_refused_as_the_webhook_refuses_it():
+    """`serve` exits 2 on it (tests/cli.rs): the chart fails the render instead of a crash loop."""
+    p = render("--set", "server.maxInflightBodyBytes=1048576", check=False)
+    assert p.returncode != 0
+    assert "server.maxInflightBodyBytes (1048576) must be at least server.maxBodyBytes (4194304)" in p.stderr, p.stderr
+    (c,) = deployment(render())["spec"]["template"]["spec"]["containers"]
+    assert "--max-inflight-body-bytes=33554432" in c["args"], c["args"]

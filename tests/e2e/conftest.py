@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from controlplane import ROOT, TOOLS_DIR, ControlPlane, free_port, start_process, stop_process  # noqa: E402
-from node import Node, in_test_namespace  # noqa: E402
+from node import TAINT, Node, in_test_namespace  # noqa: E402
+from registry import RELEASE_BIN, Registry, release_tools  # noqa: E402
 
 CHART = ROOT / "charts" / "ephemeral-volume-injector"
 BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
 KUBECTL = shutil.which("kubectl") or str(TOOLS_DIR / "bin/kubectl")
 HELM = shutil.which("helm") or str(TOOLS_DIR / "bin/helm")
 RELEASE_NS = "evi-system"
+OCI = ROOT / "target" / "oci"
 
 
 def wait_for(what: str, fn, timeout: float = 30, interval: float = 0.2):
@@ -260,21 +263,29 @@ class SteadyCreator:
     """Creates `pod` (one that asks for a volume) through the API server (server-side dry run)
     at a steady rate in a thread, and counts the refused."""
 
-    def __init__(self, cluster, pod: dict, interval: float = 0.25):
+    def __init__(self, cluster, pod: dict, interval: float = 0.25, request_timeout: str | None = None):
         import threading
         self.cluster, self.pod, self.interval = cluster, pod, interval
         self.sent = self.refused = 0
         self.errors: list[str] = []
         self.times: list[float] = []  # when each request was answered (time.monotonic())
+        # (when it was sent, when answered, admitted or not, the error): for tests that tell
+        # apart the requests made while a component was down.
+        self.outcomes: list[tuple[float, float, bool, str]] = []
+        # kubectl --request-timeout (while the API server waits on a stopped etcd, say).
+        self.extra = [f"--request-timeout={request_timeout}"] if request_timeout else []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         pod = json.dumps(self.pod)
         while not self._stop.is_set():
-            out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input=pod, check=False)
+            sent = time.monotonic()
+            out = self.cluster.kubectl("create", "--dry-run=server", "-o", "name", *self.extra, "-f", "-", input=pod,
+                                       check=False)
             self.sent += 1
             self.times.append(time.monotonic())
+            self.outcomes.append((sent, self.times[-1], out.returncode == 0, out.stderr.strip()))
             if out.returncode != 0:
                 self.refused += 1
                 self.errors.append(out.stderr.strip()[:300])
@@ -332,6 +343,80 @@ def node(controlplane, tmp_path_factory):
     print(f"\nnode Ready in {n.startup_seconds:.1f} s ({n.dir})", file=sys.stderr)
     yield n
     n.stop()
+
+
+@dataclass
+class Published:
+    registry: Registry
+    image: str  # <registry>/ephemeral-volume-injector@sha256:… (the index)
+    digest: str
+    chart: str  # oci://<registry>/charts/ephemeral-volume-injector
+    chart_digest: str
+    version: str
+    chart_version: str
+    public_key: Path
+
+    @property
+    def repository(self) -> str:
+        return self.image.split("@")[0]
+
+
+@pytest.fixture(scope="session")
+def published(node, tmp_path_factory):
+    """A release as release/publish.sh makes it, into the run's own registry, signed with a
+    key pair made for the run; the node's containerd pulls from that registry (for the whole
+    session: the node's modules install the chart from it)."""
+    assert (OCI / "index.json").exists(), f"{OCI} is missing: make images builds it"
+    release_tools("registry", "crane", "cosign")
+    work = tmp_path_factory.mktemp("release")
+    registry = Registry(work / "registry").start()
+    node.use_registry(registry.host)
+    try:
+        registry.cosign("generate-key-pair", "--output-key-prefix", str(work / "cosign"))
+        env = dict(os.environ, COSIGN_PASSWORD="", PATH=f"{RELEASE_BIN}:{Path(HELM).parent}:{os.environ['PATH']}",
+                   HELM_REGISTRY_CONFIG=str(work / "helm-registry.json"), HELM_CACHE_HOME=str(work / "helm-cache"))
+        p = subprocess.run(["bash", str(ROOT / "release" / "publish.sh"), "--registry", registry.host,
+                            "--key", str(work / "cosign.key"), "--plain-http", "--no-tlog"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-4000:]
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        yield Published(registry, out["image"], out["digest"], out["chart"], out["chartDigest"], out["version"],
+                        out["chartVersion"], work / "cosign.pub")
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="session")
+def image(node, published):
+    """The image index's digest; the size of each platform's image as the registry holds it."""
+    sizes = {}
+    for m in json.loads(published.registry.crane("manifest", published.image).stdout)["manifests"]:
+        manifest = json.loads(published.registry.crane("manifest", f"{published.repository}@{m['digest']}").stdout)
+        sizes[m["platform"]["architecture"]] = sum(x["size"] for x in manifest["layers"]) + manifest["config"]["size"]
+    print(f"\nwebhook image {published.image}: " + ", ".join(f"{a} {s / 1e6:.2f} MB" for a, s in sorted(sizes.items())),
+          flush=True)
+    return sizes
+
+
+def pods_of(cluster, namespace: str, selector: str) -> list[dict]:
+    return cluster.get("pods", "-n", namespace, "-l", selector)["items"]
+
+
+def install_release(cluster, published, release: str, values: dict, workdir: Path, timeout: str = "150s"):
+    """A release of its own from the published chart, its image pinned by digest, its pods on
+    the node; `helm install --wait --wait-for-jobs` (the install check included). Returns helm's
+    result: the caller judges it."""
+    path = workdir / f"values-{release}.yaml"
+    path.write_text(json.dumps({"image": {"repository": published.repository, "digest": published.digest},
+                                "tolerations": [TAINT], **values}))
+    return cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
+                        "-n", RELEASE_NS, "--create-namespace", "-f", path, "--wait", "--wait-for-jobs", "--timeout", timeout,
+                        check=False)
+
+
+def release_pods(cluster, release: str) -> list[dict]:
+    return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
+                                        f"app.kubernetes.io/instance={release}")
 
 
 def pod(name: str | None = None, namespace: str = "default", annotations: dict | None = None,

@@ -138,6 +138,8 @@ class ControlPlane:
         self.kubeconfig = self.dir / "kubeconfig"
         self.api_port = free_port()
         self.url = f"https://127.0.0.1:{self.api_port}"
+        # etcd's ports, kept when it is stopped and started again.
+        self.etcd_ports = (free_port(), free_port())
 
     def start(self, timeout: float = 60) -> "ControlPlane":
         started = time.monotonic()
@@ -160,6 +162,24 @@ class ControlPlane:
             if name in self.procs:
                 stop_process(self.procs.pop(name))
 
+    # === faults (tests/e2e/test_node_faults.py): a component stopped and started again, with
+    # the same ports, data and certificates ===
+
+    def stop_component(self, name: str) -> None:
+        """Stops etcd or kube-apiserver as a crash would leave it (SIGKILL: no graceful
+        shutdown, no goodbye to its clients)."""
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def start_component(self, name: str, timeout: float = 60) -> float:
+        """Starts etcd or kube-apiserver again; returns the seconds until the API server's
+        /readyz answered 200 (every post-start hook and informer synced)."""
+        started = time.monotonic()
+        {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver}[name]()
+        self._wait_ready(started + timeout)
+        return time.monotonic() - started
+
     def __enter__(self):
         return self.start()
 
@@ -173,7 +193,7 @@ class ControlPlane:
     # === the components ===
 
     def _start_etcd(self) -> None:
-        client, peer = free_port(), free_port()
+        client, peer = self.etcd_ports
         self.etcd_url = f"http://127.0.0.1:{client}"
         self.procs["etcd"] = start_process([
             str(self.bin / "etcd"), "--data-dir", str(self.dir / "etcd"),

@@ -24,12 +24,19 @@ for d in "${private[@]}"; do
     created+=("$d")
   fi
 done
+# `ip netns add` makes /run/netns a mount point on the host (a bind mount of itself) when it
+# is not one yet: put back as found, unless another run's namespace is in it.
+netns_was_mounted=0
+mountpoint -q /run/netns && netns_was_mounted=1
 ip netns add "$ns"
 cleanup() {
   local pids
   pids="$(ip netns pids "$ns" 2>/dev/null || true)"
   [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
   ip netns delete "$ns"
+  if [ "$netns_was_mounted" = 0 ] && mountpoint -q /run/netns && [ -z "$(ls -A /run/netns)" ]; then
+    umount /run/netns || true
+  fi
   [ "${#created[@]}" -eq 0 ] || rmdir "${created[@]}" 2>/dev/null || true
   rm -rf "${TMPDIR:-/tmp}/evi-e2e-$$-docker"
 }

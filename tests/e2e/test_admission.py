@@ -4,12 +4,10 @@ acting on the result. Every assertion is on what the API server stored or answer
 
 from __future__ import annotations
 
-import base64
 import json
-import time
 
 import pytest
-from conftest import RELEASE_NS, Release, mounts_by_path, pod, volumes_by_name, wait_for
+from conftest import Release, mounts_by_path, pod, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 INJECTED = f"injector.{P}/injected"

@@ -12,7 +12,7 @@ import socket
 import threading
 
 import pytest
-from conftest import RELEASE_NS, Release, Webhook, pod, volumes_by_name, wait_for
+from conftest import Release, Webhook, pod, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 CHECK = f"injector.{P}/cluster-check"

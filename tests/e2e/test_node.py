@@ -14,82 +14,28 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import shutil
 import ssl
 import subprocess
 import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BINARY, CHART, HELM, RELEASE_NS, ROOT, SteadyCreator, served_certificate, wait_for
+from conftest import (BINARY, CHART, OCI, RELEASE_NS, ROOT, SteadyCreator, install_release, pods_of, release_pods,
+                      served_certificate, wait_for)
 from controlplane import free_port, start_process, stop_process
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT
 from prometheus import Prometheus
-from registry import RELEASE_BIN, Registry, release_tools
+from registry import RELEASE_BIN, release_tools
 
 P = "ephemeral-volumes.io"
 NS = "nf-node"
-OCI = ROOT / "target" / "oci"
 RELEASE = "evi-node"
 FULL = f"{RELEASE}-ephemeral-volume-injector"
 # The webhook's own pods (the install check's pods carry the instance label too).
 WEBHOOK_SELECTOR = f"app.kubernetes.io/name=ephemeral-volume-injector,app.kubernetes.io/instance={RELEASE}"
-
-
-@dataclass
-class Published:
-    registry: Registry
-    image: str  # <registry>/ephemeral-volume-injector@sha256:… (the index)
-    digest: str
-    chart: str  # oci://<registry>/charts/ephemeral-volume-injector
-    chart_digest: str
-    version: str
-    chart_version: str
-    public_key: Path
-
-    @property
-    def repository(self) -> str:
-        return self.image.split("@")[0]
-
-
-@pytest.fixture(scope="module")
-def published(node, tmp_path_factory):
-    """A release as release/publish.sh makes it, into the run's own registry, signed with a
-    key pair made for the run; the node's containerd pulls from that registry."""
-    assert (OCI / "index.json").exists(), f"{OCI} is missing: make images builds it"
-    release_tools("registry", "crane", "cosign")
-    work = tmp_path_factory.mktemp("release")
-    registry = Registry(work / "registry").start()
-    node.use_registry(registry.host)
-    try:
-        registry.cosign("generate-key-pair", "--output-key-prefix", str(work / "cosign"))
-        env = dict(os.environ, COSIGN_PASSWORD="", PATH=f"{RELEASE_BIN}:{Path(HELM).parent}:{os.environ['PATH']}",
-                   HELM_REGISTRY_CONFIG=str(work / "helm-registry.json"), HELM_CACHE_HOME=str(work / "helm-cache"))
-        p = subprocess.run(["bash", str(ROOT / "release" / "publish.sh"), "--registry", registry.host,
-                            "--key", str(work / "cosign.key"), "--plain-http", "--no-tlog"],
-                           capture_output=True, text=True, env=env, timeout=300)
-        assert p.returncode == 0, p.stderr[-4000:]
-        out = json.loads(p.stdout.strip().splitlines()[-1])
-        yield Published(registry, out["image"], out["digest"], out["chart"], out["chartDigest"], out["version"],
-                        out["chartVersion"], work / "cosign.pub")
-    finally:
-        registry.stop()
-
-
-@pytest.fixture(scope="module")
-def image(node, published):
-    """The image index's digest; the size of each platform's image as the registry holds it."""
-    sizes = {}
-    for m in json.loads(published.registry.crane("manifest", published.image).stdout)["manifests"]:
-        manifest = json.loads(published.registry.crane("manifest", f"{published.repository}@{m['digest']}").stdout)
-        sizes[m["platform"]["architecture"]] = sum(x["size"] for x in manifest["layers"]) + manifest["config"]["size"]
-    print(f"\nwebhook image {published.image}: " + ", ".join(f"{a} {s / 1e6:.2f} MB" for a, s in sorted(sizes.items())),
-          flush=True)
-    return sizes
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +125,6 @@ def test_the_release_is_signed_with_its_sbom_attested_and_a_changed_layer_fails_
     finally:
         reg.crane("tag", published.image, published.version)
     assert reg.crane("digest", tag).stdout.strip() == published.digest
-
-
-def pods_of(cluster, namespace: str, selector: str) -> list[dict]:
-    return cluster.get("pods", "-n", namespace, "-l", selector)["items"]
 
 
 def test_the_charts_own_pods_run_from_the_image_and_serve_through_their_service(cluster, chart, published, node):
@@ -533,22 +475,6 @@ def pem_pair(tmp: Path, name: str, ca: tuple[Path, Path] | None, san: str) -> tu
         subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
                         "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(crt)], check=True)
     return key, crt
-
-
-def install_release(cluster, published, release: str, values: dict, workdir: Path, timeout: str = "150s"):
-    """A release of its own from the published chart, its image pinned by digest, its pods on
-    the node; `helm install --wait --wait-for-jobs` (the install check included). Returns helm's
-    result: the caller judges it."""
-    path = workdir / f"values-{release}.yaml"
-    path.write_text(json.dumps({"image": {"repository": published.repository, "digest": published.digest},
-                                "tolerations": [TAINT], **values}))
-    return cluster.helm("install", release, published.chart, "--version", published.chart_version, "--plain-http",
-                        "-n", RELEASE_NS, "-f", path, "--wait", "--wait-for-jobs", "--timeout", timeout, check=False)
-
-
-def release_pods(cluster, release: str) -> list[dict]:
-    return pods_of(cluster, RELEASE_NS, f"app.kubernetes.io/name=ephemeral-volume-injector,"
-                                        f"app.kubernetes.io/instance={release}")
 
 
 @pytest.mark.parametrize("case", ["ca-bundle", "blocked"])
