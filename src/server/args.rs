@@ -90,9 +90,8 @@ pub struct ServeArgs {
     /// Largest request body accepted; an UPDATE review carries two pods.
     #[arg(long, env = "EVI_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
-    /// Request bodies held at once, in bytes (each counted at its Content-Length, or at
-    /// --max-body-bytes without one, from before it is read until its answer is sent); more
-    /// wait for room. Bounds memory under a flood of the largest reviews, which would
+    /// Large request bodies held at once, in bytes (each over 256 KiB counted at its
+    /// Content-Length, from before it is read until its answer is sent); more wait for room. Bounds memory under a flood of the largest reviews, which would
     /// otherwise get the webhook killed at its memory limit. At least --max-body-bytes.
     #[arg(long, env = "EVI_MAX_INFLIGHT_BODY_BYTES", default_value_t = 32 << 20)]
     pub max_inflight_body_bytes: usize,

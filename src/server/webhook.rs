@@ -78,6 +78,9 @@ impl BodyBudget {
     }
 }
 
+/// Bodies up to this size take no share of the budget.
+const SMALL_BODY: u64 = 256 << 10;
+
 fn declared_length(req: &axum::extract::Request) -> Option<u64> {
     req.headers()
         .get(header::CONTENT_LENGTH)
@@ -161,12 +164,16 @@ async fn review_at(
     endpoint: review::Endpoint,
     req: axum::extract::Request,
 ) -> Response {
-    // Its share of the body budget, held until the answer is built: a body over the size
-    // limit needs none (it gets its 413 unread), one of unknown size is counted at the limit.
+    // Its share of the body budget, held until the answer is built. Only large bodies take
+    // one: a pod's review is a few KiB, and a client that declares a small body and never
+    // sends it must not make the API server's reviews wait. A body over the size limit gets
+    // its 413 unread; one of unknown length (the API server always sends a Content-Length)
+    // is bounded by the size limit and the connection cap, as before.
     let wanted = match declared_length(&req) {
-        Some(n) if n > state.max_body_bytes as u64 => 0,
-        Some(n) => usize::try_from(n).unwrap_or(state.max_body_bytes),
-        None => state.max_body_bytes,
+        Some(n) if n > SMALL_BODY && n <= state.max_body_bytes as u64 => {
+            usize::try_from(n).unwrap_or(state.max_body_bytes)
+        }
+        _ => 0,
     };
     let _room = if wanted == 0 {
         None
@@ -629,9 +636,10 @@ mod tests {
     #[tokio::test]
     async fn bodies_past_the_inflight_budget_wait_for_room_and_are_then_served() {
         let mut small = Arc::into_inner(state("")).unwrap();
-        let body = serde_json::to_vec(&review(
-            serde_json::json!({"ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s"}),
-        ))
+        let body = serde_json::to_vec(&review(serde_json::json!({
+            "ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s",
+            "example.com/large": "x".repeat(300 << 10),
+        })))
         .unwrap();
         // Room for one such body and a half.
         small.body_budget = BodyBudget::new(body.len() * 3 / 2);
@@ -672,20 +680,25 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_finds_no_room_in_time_gets_a_503_naming_the_flag() {
         let mut small = Arc::into_inner(state("")).unwrap();
-        small.body_budget = BodyBudget::new(1024);
+        small.body_budget = BodyBudget::new(512 << 10);
         small.body_timeout = Duration::from_millis(50);
         let state = Arc::new(small);
         // Held by the requests being served.
-        let _held = state.body_budget.room.try_acquire_many(1).unwrap();
-        let (s, b) = send(&state, "POST", "/mutate", b"{}".to_vec()).await;
-        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        let _held = state.body_budget.room.try_acquire_many(512).unwrap();
+        let spaces = vec![b' '; 300 << 10];
+        let (large, _rest) = streamed(&spaces);
+        let response = router(state.clone()).oneshot(large).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
         assert!(
-            b["error"]
-                .as_str()
-                .unwrap()
-                .contains("--max-inflight-body-bytes"),
-            "{b}"
+            String::from_utf8_lossy(&bytes).contains("--max-inflight-body-bytes"),
+            "{bytes:?}"
         );
+        // A small body takes no share: answered while the large ones wait.
+        let (s, _) = send(&state, "POST", "/mutate", b"{}".to_vec()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
     }
 
     fn tokio_stream_of(
