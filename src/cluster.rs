@@ -43,6 +43,8 @@ pub struct ClusterState {
     pub csi_drivers: BTreeMap<String, CsiDriverInfo>,
     /// StorageClasses by name.
     pub storage_classes: BTreeMap<String, StorageClassInfo>,
+    /// Namespaces' labels by name (for `policyOverrides` that select by label).
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// Cluster objects (`mutate --cluster`) that cannot be read.
@@ -91,7 +93,7 @@ impl StorageClassInfo {
 }
 
 impl ClusterState {
-    /// What `kubectl get csidrivers,storageclasses -o yaml` prints: a List, a multi-document
+    /// What `kubectl get csidrivers,storageclasses,namespaces -o yaml` prints: a List, a multi-document
     /// stream, or single objects; other kinds are skipped.
     pub fn parse(text: &str) -> Result<ClusterState, ClusterError> {
         use serde::Deserialize as _;
@@ -116,7 +118,7 @@ impl ClusterState {
                 .ok_or_else(|| bad(&format!("a {kind} without metadata.name")))
         };
         match kind {
-            "List" | "CSIDriverList" | "StorageClassList" => {
+            "List" | "CSIDriverList" | "StorageClassList" | "NamespaceList" => {
                 for (i, item) in v
                     .get("items")
                     .and_then(Value::as_array)
@@ -150,6 +152,16 @@ impl ClusterState {
                     name()?.to_owned(),
                     StorageClassInfo::from_parts(provisioner, annotations),
                 );
+            }
+            "Namespace" => {
+                let labels = v
+                    .pointer("/metadata/labels")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect();
+                self.namespaces.insert(name()?.to_owned(), labels);
             }
             _ => {}
         }

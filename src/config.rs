@@ -69,6 +69,17 @@ struct FileConfig {
     /// With their place in the file: a rule that failed to read keeps the others' numbers.
     rules: Vec<(usize, FileRule)>,
     policy: FilePolicy,
+    /// `policyOverrides`, with their place in the file.
+    policy_overrides: Vec<(usize, FileOverride)>,
+}
+
+/// One of `policyOverrides`: a policy for the namespaces it selects.
+#[derive(Debug, Default)]
+struct FileOverride {
+    name: String,
+    namespaces: Option<Vec<String>>,
+    namespace_selector: Option<Value>,
+    policy: FilePolicy,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,7 +93,7 @@ struct FileRule {
     mode: Option<Mode>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct FilePolicy {
     allow_inline: Option<bool>,
     types: Option<Vec<VolumeKind>>,
@@ -94,7 +105,7 @@ struct FilePolicy {
     default_size_limit: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileMaxSize {
     empty_dir: Option<String>,
@@ -130,6 +141,22 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// `policy`.
     pub policy: Policy,
+    /// `policyOverrides`, in the file's order: the policy of the namespaces each selects.
+    pub overrides: Vec<PolicyOverride>,
+}
+
+/// A policy for some namespaces (`policyOverrides[i]`): the global `policy` with the fields the
+/// override sets replaced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyOverride {
+    /// Its name (in messages).
+    pub name: String,
+    /// The namespaces it applies to by name.
+    pub namespaces: Option<Vec<String>>,
+    /// The namespaces it applies to by their labels.
+    pub selector: Option<Selector>,
+    /// The policy in force there.
+    pub policy: Policy,
 }
 
 /// A rule: volumes for the pods it matches, without annotations.
@@ -150,6 +177,9 @@ pub struct Rule {
 /// The cluster admin's limits on what annotations may ask for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
+    /// Where its limits are written, for messages: `policy`, or
+    /// `policyOverrides[<name>].policy`.
+    pub origin: String,
     /// `allowInline`: annotations may give a source rather than a profile.
     pub allow_inline: bool,
     /// `types`: the kinds an annotation may ask for inline.
@@ -177,6 +207,7 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Policy {
+            origin: "policy".to_owned(),
             allow_inline: true,
             types: VolumeKind::ALL.to_vec(),
             csi_drivers: None,
@@ -239,6 +270,7 @@ impl Config {
             profiles: BTreeMap::new(),
             rules: Vec::new(),
             policy: Policy::default(),
+            overrides: Vec::new(),
         }
     }
 
@@ -313,9 +345,20 @@ impl FileConfig {
                     Value::Null => {}
                     other => errors.push(format!("rules: expected a list, not {other}")),
                 },
-                "policy" => file.policy = FilePolicy::read(v, errors),
+                "policy" => file.policy = FilePolicy::read(v, "policy", errors),
+                "policyOverrides" => match v {
+                    Value::Array(items) => {
+                        file.policy_overrides = items
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, o)| (i, FileOverride::read(i, o, errors)))
+                            .collect();
+                    }
+                    Value::Null => {}
+                    other => errors.push(format!("policyOverrides: expected a list, not {other}")),
+                },
                 other => errors.push(format!(
-                    "unknown field {other:?}; the fields are annotationPrefix, onError, mode, clusterChecks, profiles, rules, policy"
+                    "unknown field {other:?}; the fields are annotationPrefix, onError, mode, clusterChecks, profiles, rules, policy, policyOverrides"
                 )),
             }
         }
@@ -323,11 +366,82 @@ impl FileConfig {
     }
 }
 
+impl FileOverride {
+    fn read(i: usize, v: Value, errors: &mut Vec<String>) -> FileOverride {
+        let mut o = FileOverride::default();
+        let mut policy = None;
+        for (key, v) in entries(v, &format!("policyOverrides[{i}]"), errors) {
+            let at = format!("policyOverrides[{i}].{key}");
+            match key.as_str() {
+                "name" => o.name = part(v, &at, errors).unwrap_or_default(),
+                "namespaces" => o.namespaces = part(v, &at, errors),
+                "namespaceSelector" => o.namespace_selector = Some(v),
+                "policy" => policy = Some(v),
+                other => errors.push(format!(
+                    "policyOverrides[{i}]: unknown field {other:?}; the fields are name, namespaces, namespaceSelector, policy"
+                )),
+            }
+        }
+        let at = format!("policyOverrides[{i}] ({})", o.name);
+        if let Err(e) = validate::dns_label("override name", &o.name) {
+            errors.push(format!("policyOverrides[{i}].name: {e}"));
+        }
+        match (&o.namespaces, &o.namespace_selector) {
+            (None, None) => errors.push(format!(
+                "{at}: give namespaces (a list of names) or namespaceSelector (a label selector on the Namespace)"
+            )),
+            (Some(_), Some(_)) => errors.push(format!(
+                "{at}: give namespaces or namespaceSelector, not both (two overrides can select the same namespaces in both ways)"
+            )),
+            _ => {}
+        }
+        match policy {
+            Some(v) => o.policy = FilePolicy::read(v, &format!("{at}.policy"), errors),
+            None => errors.push(format!(
+                "{at}: no policy (the limits it sets for those namespaces)"
+            )),
+        }
+        o
+    }
+}
+
 impl FilePolicy {
-    fn read(v: Value, errors: &mut Vec<String>) -> FilePolicy {
+    /// This policy's fields where set, `base`'s elsewhere (`maxSize` field by field).
+    fn over(&self, base: &FilePolicy) -> FilePolicy {
+        let max_size = match (&self.max_size, &base.max_size) {
+            (Some(o), Some(b)) => Some(FileMaxSize {
+                empty_dir: o.empty_dir.clone().or_else(|| b.empty_dir.clone()),
+                memory: o.memory.clone().or_else(|| b.memory.clone()),
+                ephemeral: o.ephemeral.clone().or_else(|| b.ephemeral.clone()),
+            }),
+            (o, b) => o.clone().or_else(|| b.clone()),
+        };
+        FilePolicy {
+            allow_inline: self.allow_inline.or(base.allow_inline),
+            types: self.types.clone().or_else(|| base.types.clone()),
+            csi_drivers: self
+                .csi_drivers
+                .clone()
+                .or_else(|| base.csi_drivers.clone()),
+            storage_classes: self
+                .storage_classes
+                .clone()
+                .or_else(|| base.storage_classes.clone()),
+            max_size,
+            max_volumes_per_pod: self.max_volumes_per_pod.or(base.max_volumes_per_pod),
+            require_size_limit: self.require_size_limit.or(base.require_size_limit),
+            default_size_limit: self
+                .default_size_limit
+                .clone()
+                .or_else(|| base.default_size_limit.clone()),
+        }
+    }
+
+    fn read(v: Value, at: &str, errors: &mut Vec<String>) -> FilePolicy {
         let mut p = FilePolicy::default();
-        for (key, v) in entries(v, "policy", errors) {
-            let at = format!("policy.{key}");
+        let root = at;
+        for (key, v) in entries(v, root, errors) {
+            let at = format!("{root}.{key}");
             match key.as_str() {
                 "allowInline" => p.allow_inline = part(v, &at, errors),
                 "types" => p.types = part(v, &at, errors),
@@ -338,7 +452,7 @@ impl FilePolicy {
                 "requireSizeLimit" => p.require_size_limit = part(v, &at, errors),
                 "defaultSizeLimit" => p.default_size_limit = part(v, &at, errors),
                 other => errors.push(format!(
-                    "policy: unknown field {other:?}; the fields are allowInline, types, csiDrivers, \
+                    "{root}: unknown field {other:?}; the fields are allowInline, types, csiDrivers, \
                      storageClasses, maxSize, maxVolumesPerPod, requireSizeLimit, defaultSizeLimit"
                 )),
             }
@@ -380,7 +494,8 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
             cfg.profiles.insert(name.clone(), profile);
         }
     }
-    cfg.policy = compile_policy(file.policy, &mut errors);
+    cfg.policy = compile_policy(file.policy.clone(), "policy", &mut errors);
+    cfg.overrides = compile_overrides(&file.policy, file.policy_overrides, &mut errors);
     for (i, rule) in file.rules {
         // A profile that failed to compile is reported where it is defined, not again here.
         let defined = |p: &str| cfg.profiles.contains_key(p) || file.profiles.contains_key(p);
@@ -525,12 +640,64 @@ fn check_rule(
     }
 }
 
-fn compile_policy(p: FilePolicy, errors: &mut Vec<String>) -> Policy {
-    let mut policy = Policy::default();
+/// Each override's policy (the global one with its fields replaced), checked as the global
+/// one is; a namespace named by two overrides, or two overrides of one name, are refused.
+fn compile_overrides(
+    global: &FilePolicy,
+    overrides: Vec<(usize, FileOverride)>,
+    errors: &mut Vec<String>,
+) -> Vec<PolicyOverride> {
+    let mut out: Vec<PolicyOverride> = Vec::new();
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
+    for (i, o) in overrides {
+        let at = format!("policyOverrides[{i}] ({})", o.name);
+        if out.iter().any(|p| p.name == o.name) {
+            errors.push(format!("{at}: a second override named {:?}", o.name));
+        }
+        for ns in o.namespaces.iter().flatten() {
+            if let Err(e) = validate::dns_label("namespace", ns) {
+                errors.push(format!("{at}.namespaces: {e}"));
+            }
+            if let Some(first) = named.insert(ns.clone(), at.clone()) {
+                errors.push(format!(
+                    "{at}.namespaces: namespace {ns:?} is already listed by {first}; one override per namespace"
+                ));
+            }
+        }
+        let selector = o
+            .namespace_selector
+            .as_ref()
+            .map(Selector::from_json)
+            .transpose()
+            .map_err(|e| errors.push(format!("{at}.namespaceSelector: {e}")))
+            .ok()
+            .flatten();
+        let policy = compile_policy(
+            o.policy.over(global),
+            &format!("policyOverrides[{}].policy", o.name),
+            errors,
+        );
+        out.push(PolicyOverride {
+            name: o.name,
+            namespaces: o.namespaces,
+            selector,
+            policy,
+        });
+    }
+    out
+}
+
+/// A policy, compiled; `origin` is where its fields are written (`policy`, or an override's),
+/// in its errors and later in refusals.
+fn compile_policy(p: FilePolicy, origin: &str, errors: &mut Vec<String>) -> Policy {
+    let mut policy = Policy {
+        origin: origin.to_owned(),
+        ..Policy::default()
+    };
     let mut size = |field: &str, v: Option<String>| -> Option<Quantity> {
         let v = v?;
         parse_size(field, &v)
-            .map_err(|e| errors.push(format!("policy.{e}")))
+            .map_err(|e| errors.push(format!("{origin}.{e}")))
             .ok()
     };
     if let Some(m) = p.max_size {
@@ -563,12 +730,59 @@ fn compile_policy(p: FilePolicy, errors: &mut Vec<String>) -> Policy {
             && policy.default_size_limit > max
         {
             errors.push(format!(
-                "policy.defaultSizeLimit {} exceeds policy.maxSize.{field} {max}",
+                "{origin}.defaultSizeLimit {} exceeds {origin}.maxSize.{field} {max}",
                 policy.default_size_limit_text
             ));
         }
     }
     policy
+}
+
+impl Config {
+    /// The webhook must read the cluster: the checks are on, or an override selects
+    /// namespaces by label.
+    pub fn reads_cluster(&self) -> bool {
+        self.cluster_checks != crate::cluster::Mode::Off || self.uses_namespace_labels()
+    }
+
+    /// Some override selects namespaces by their labels: the webhook must read Namespaces.
+    pub fn uses_namespace_labels(&self) -> bool {
+        self.overrides.iter().any(|o| o.selector.is_some())
+    }
+
+    /// The policy in force in a namespace: the override that lists it by name; else, of the
+    /// overrides whose `namespaceSelector` matches its labels, the one with the most
+    /// requirements (the first in the file on a tie); else `policy`. `labels`: the namespace's
+    /// labels, `None` when they are not known (asked only when an override needs them).
+    pub fn policy_for(
+        &self,
+        namespace: &str,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> Result<&Policy, String> {
+        if let Some(o) = self.overrides.iter().find(|o| {
+            o.namespaces
+                .as_ref()
+                .is_some_and(|n| n.iter().any(|n| n == namespace))
+        }) {
+            return Ok(&o.policy);
+        }
+        if !self.uses_namespace_labels() {
+            return Ok(&self.policy);
+        }
+        let Some(labels) = labels else {
+            return Err(format!(
+                "the labels of namespace {namespace:?} are not known to the webhook yet (policyOverrides select namespaces by label; it reads them from the API server): try again in a moment"
+            ));
+        };
+        let best = self
+            .overrides
+            .iter()
+            .rev()
+            .filter_map(|o| o.selector.as_ref().map(|s| (o, s)))
+            .filter(|(_, s)| s.matches(labels))
+            .max_by_key(|(_, s)| s.requirements());
+        Ok(best.map_or(&self.policy, |(o, _)| &o.policy))
+    }
 }
 
 impl Rule {
@@ -622,6 +836,106 @@ mod tests {
         assert!(rule.in_namespace("nf") && rule.selects(&labels));
         assert!(!rule.in_namespace("default"));
         assert!(!rule.selects(&BTreeMap::<String, String>::new()));
+    }
+
+    #[test]
+    fn each_team_gets_the_override_that_selects_its_namespace_most_specifically() {
+        let cfg = Config::parse(documented_example()).unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let genomics = labels(&[("team", "genomics")]);
+        // By label: its own fields, the global policy's elsewhere (maxSize key by key).
+        let p = cfg.policy_for("gx-1", Some(&genomics)).unwrap();
+        assert_eq!(p.origin, "policyOverrides[genomics].policy");
+        assert_eq!(p.max_empty_dir, Some("500Gi".parse().unwrap()));
+        assert_eq!(p.max_memory, Some("8Gi".parse().unwrap()));
+        assert_eq!(
+            p.storage_classes.as_deref(),
+            Some(&["gp3".to_owned(), "io2".to_owned()][..])
+        );
+        assert_eq!(p.max_volumes_per_pod, Some(8));
+        // By name: wins over the labels.
+        let p = cfg.policy_for("training", Some(&genomics)).unwrap();
+        assert_eq!(
+            (p.origin.as_str(), p.max_volumes_per_pod),
+            ("policyOverrides[training].policy", Some(2))
+        );
+        assert_eq!(p.types, vec![VolumeKind::EmptyDir]);
+        // Neither: the global policy; labels unknown: refused, naming the namespace.
+        assert_eq!(
+            cfg.policy_for("nf", Some(&labels(&[]))).unwrap().origin,
+            "policy"
+        );
+        let err = cfg.policy_for("nf", None).unwrap_err();
+        assert!(
+            err.contains("the labels of namespace \"nf\" are not known"),
+            "{err}"
+        );
+        // Listed by name, the labels are not needed.
+        assert!(cfg.policy_for("training", None).is_ok());
+        // Without label selectors, they are never asked for.
+        let plain = Config::parse(
+            "policyOverrides: [{name: a, namespaces: [a], policy: {maxVolumesPerPod: 1}}]",
+        )
+        .unwrap();
+        assert_eq!(plain.policy_for("b", None).unwrap().origin, "policy");
+        assert!(!plain.uses_namespace_labels());
+        assert!(cfg.uses_namespace_labels());
+        // The most requirements win; on a tie, the first.
+        let two = Config::parse(
+            "policyOverrides:\n\
+             - {name: broad, namespaceSelector: {matchLabels: {team: a}}, policy: {maxVolumesPerPod: 1}}\n\
+             - {name: narrow, namespaceSelector: {matchLabels: {team: a, tier: gpu}}, policy: {maxVolumesPerPod: 2}}\n\
+             - {name: tie, namespaceSelector: {matchExpressions: [{key: team, operator: Exists}]}, policy: {maxVolumesPerPod: 3}}\n",
+        )
+        .unwrap();
+        let at = |l: &[(&str, &str)]| {
+            two.policy_for("x", Some(&labels(l)))
+                .unwrap()
+                .origin
+                .clone()
+        };
+        assert_eq!(
+            at(&[("team", "a"), ("tier", "gpu")]),
+            "policyOverrides[narrow].policy"
+        );
+        assert_eq!(at(&[("team", "a")]), "policyOverrides[broad].policy");
+        assert_eq!(at(&[("team", "b")]), "policyOverrides[tie].policy");
+    }
+
+    #[test]
+    fn every_mistake_in_the_overrides_is_reported_with_its_place() {
+        let text = "policy: {maxSize: {emptyDir: 100Gi}}\n\
+policyOverrides:\n\
+  - {name: a, namespaces: [x, y], policy: {maxSize: {emptyDir: 5GB}}}\n\
+  - {name: b, namespaces: [y], policy: {requireSizeLimit: true, defaultSizeLimit: 200Gi}}\n\
+  - {name: c, policy: {}}\n\
+  - {name: d, namespaces: [z], namespaceSelector: {}, policy: {maxVolumes: 3}}\n\
+  - {name: a, namespaces: [w]}\n";
+        let Err(ConfigError::Invalid(errors)) = Config::parse(text) else {
+            panic!("accepted")
+        };
+        let want = [
+            "policyOverrides[a].policy.maxSize.emptyDir",
+            "policyOverrides[1] (b).namespaces: namespace \"y\" is already listed by policyOverrides[0] (a)",
+            "policyOverrides[b].policy.defaultSizeLimit 200Gi exceeds policyOverrides[b].policy.maxSize.emptyDir 100Gi",
+            "policyOverrides[2] (c): give namespaces (a list of names) or namespaceSelector",
+            "policyOverrides[3] (d): give namespaces or namespaceSelector, not both",
+            "policyOverrides[3] (d).policy: unknown field \"maxVolumes\"",
+            "policyOverrides[4] (a): a second override named \"a\"",
+            "policyOverrides[4] (a): no policy",
+        ];
+        for w in want {
+            assert!(
+                errors.iter().any(|e| e.contains(w)),
+                "missing {w:?} in {errors:#?}"
+            );
+        }
+        assert_eq!(errors.len(), want.len(), "{errors:#?}");
     }
 
     #[test]

@@ -25,6 +25,11 @@ enum Requirement {
 }
 
 impl Selector {
+    /// How many requirements it states (labels and expressions): the more, the more specific.
+    pub fn requirements(&self) -> usize {
+        self.match_labels.len() + self.expressions.len()
+    }
+
     /// Compiles a `podSelector` (strict JSON: unknown fields are refused).
     pub fn from_json(v: &Value) -> Result<Selector, Invalid> {
         let sel: LabelSelector = from_json_strict("podSelector", v)?;

@@ -830,3 +830,77 @@ fn mutate_warns_of_annotations_the_webhook_never_reads() {
         (Some(0), String::new())
     );
 }
+
+/// Limits per team: the namespace's labels (from `--cluster`'s Namespace objects) choose the
+/// override, whose name the refusal gives; a namespace listed by name needs no labels; one
+/// whose labels are unknown is refused with that reason, not given another team's limits.
+#[test]
+fn mutate_applies_the_policy_override_of_the_pods_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "policy: {maxSize: {emptyDir: 100Gi}}\n\
+         policyOverrides:\n\
+         - {name: genomics, namespaceSelector: {matchLabels: {team: genomics}}, policy: {maxSize: {emptyDir: 500Gi}}}\n\
+         - {name: training, namespaces: [training], policy: {maxSize: {emptyDir: 20Gi}}}\n",
+    )
+    .unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        "apiVersion: v1\nkind: NamespaceList\nitems:\n\
+         - {apiVersion: v1, kind: Namespace, metadata: {name: gx, labels: {team: genomics}}}\n\
+         - {apiVersion: v1, kind: Namespace, metadata: {name: other}}\n",
+    )
+    .unwrap();
+    let (config, cluster) = (config.to_str().unwrap(), cluster.to_str().unwrap());
+    let mutate = |ns: &str, size: &str, with_cluster: bool| {
+        let mut args = vec![
+            "mutate", "--config", config, "-n", ns, "-f", "-", "-o", "patch",
+        ];
+        if with_cluster {
+            args.extend(["--cluster", cluster]);
+        }
+        let out = run(
+            &args,
+            Some(&pod_with(&format!(
+                "type=emptyDir,mountPath=/s,size={size}"
+            ))),
+        );
+        (out.status.code(), text(&out.stderr))
+    };
+    // genomics: 500Gi allowed, 600Gi refused naming the override.
+    assert_eq!(mutate("gx", "400Gi", true).0, Some(0));
+    let (code, err) = mutate("gx", "600Gi", true);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "size 600Gi exceeds policyOverrides[genomics].policy.maxSize.emptyDir (500Gi)"
+        ),
+        "{err}"
+    );
+    // A namespace without the label: the global policy.
+    let (code, err) = mutate("other", "400Gi", true);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("size 400Gi exceeds policy.maxSize.emptyDir (100Gi)"),
+        "{err}"
+    );
+    // Listed by name: no labels needed.
+    let (code, err) = mutate("training", "30Gi", false);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("exceeds policyOverrides[training].policy.maxSize.emptyDir (20Gi)"),
+        "{err}"
+    );
+    // Labels unknown (no such Namespace in --cluster, or no --cluster): refused with the reason.
+    for with_cluster in [true, false] {
+        let (code, err) = mutate("unknown", "1Gi", with_cluster);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains("the labels of namespace \"unknown\" are not known"),
+            "{err}"
+        );
+    }
+}

@@ -136,7 +136,8 @@ fn decide_in(
         (ClusterMode::Enforce, Some(k)) if !k.complete => Some((k.state, ClusterMode::Warn)),
         (mode, Some(k)) => Some((k.state, mode)),
     };
-    match decide_or_refuse(cfg, checks, pod, at, scope) {
+    let namespaces = cluster.map(|k| &k.state.namespaces);
+    match decide_or_refuse(cfg, checks, namespaces, pod, at, scope) {
         Ok(mut decision) => {
             decision.add_warnings(near_misses(cfg, pod));
             decision
@@ -153,6 +154,9 @@ fn decide_in(
 fn decide_or_refuse(
     cfg: &Config,
     checks: Option<(&ClusterState, ClusterMode)>,
+    namespaces: Option<
+        &std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    >,
     pod: &PodView,
     at: PodLocation<'_>,
     scope: Scope,
@@ -171,7 +175,12 @@ fn decide_or_refuse(
     }
     // Every problem at once: the requests that could be read are resolved, and those that
     // resolved are set against the pod, whatever the others' errors.
-    let volumes = resolve::all(cfg, checks.map(|c| c.0), pod, requests, &mut errors);
+    // The policy of the pod's namespace (policyOverrides), its labels read from the cluster
+    // when an override selects by label.
+    let policy = cfg
+        .policy_for(at.namespace, namespaces.and_then(|n| n.get(at.namespace)))
+        .map_err(|m| Denial::new(DenyReason::Cluster, m))?;
+    let volumes = resolve::all(cfg, policy, checks.map(|c| c.0), pod, requests, &mut errors);
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
     let mut plan = plan::plan(pod, &volumes, &cfg.injected, &mut errors);
     combine(errors)?;

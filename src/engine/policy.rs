@@ -13,9 +13,10 @@ pub(super) fn inline_allowed(policy: &Policy) -> Result<(), Denial> {
     if policy.allow_inline {
         Ok(())
     } else {
-        Err(Denial::policy(
-            "policy.allowInline is false: name one of the cluster's profiles",
-        ))
+        Err(Denial::policy(format!(
+            "{}.allowInline is false: name one of the cluster's profiles",
+            policy.origin
+        )))
     }
 }
 
@@ -26,7 +27,8 @@ pub(super) fn kind_allowed(policy: &Policy, kind: VolumeKind) -> Result<(), Deni
     }
     let allowed: Vec<&str> = policy.types.iter().map(|k| k.as_str()).collect();
     Err(Denial::policy(format!(
-        "type {kind} is not allowed by policy.types ({})",
+        "type {kind} is not allowed by {}.types ({})",
+        policy.origin,
         allowed.join(", ")
     )))
 }
@@ -37,7 +39,8 @@ pub(super) fn allowlists(policy: &Policy, source: &Source) -> Result<(), Denial>
         && !allowed.iter().any(|d| d == driver)
     {
         return Err(Denial::policy(format!(
-            "CSI driver {driver:?} is not in policy.csiDrivers ({})",
+            "CSI driver {driver:?} is not in {}.csiDrivers ({})",
+            policy.origin,
             allowed.join(", ")
         )));
     }
@@ -48,13 +51,15 @@ pub(super) fn allowlists(policy: &Policy, source: &Source) -> Result<(), Denial>
             Some(sc) if allowed.iter().any(|a| a == sc) => {}
             Some(sc) => {
                 return Err(Denial::policy(format!(
-                    "storage class {sc:?} is not in policy.storageClasses ({})",
+                    "storage class {sc:?} is not in {}.storageClasses ({})",
+                    policy.origin,
                     allowed.join(", ")
                 )));
             }
             None => {
                 return Err(Denial::policy(format!(
-                    "a storage class is required by policy.storageClasses ({}); set storageClass",
+                    "a storage class is required by {}.storageClasses ({}); set storageClass",
+                    policy.origin,
                     allowed.join(", ")
                 )));
             }
@@ -79,7 +84,8 @@ pub(super) fn max_size(
     };
     match (max, size) {
         (Some((max, field)), Some(size)) if size > max => Err(Denial::policy(format!(
-            "size {size} exceeds policy.maxSize.{field} ({max})"
+            "size {size} exceeds {}.maxSize.{field} ({max})",
+            policy.origin
         ))),
         _ => Ok(()),
     }
@@ -99,7 +105,8 @@ pub(super) fn default_size<'p>(policy: &'p Policy, source: &Source) -> Option<(&
 pub(super) fn volume_count(policy: &Policy, count: usize) -> Result<(), Denial> {
     match policy.max_volumes_per_pod {
         Some(max) if count > max => Err(Denial::policy(format!(
-            "{count} volumes requested, policy.maxVolumesPerPod allows {max}"
+            "{count} volumes requested, {}.maxVolumesPerPod allows {max}",
+            policy.origin
         ))),
         _ => Ok(()),
     }

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     cluster::{self, ClusterState, Finding},
-    config::Config,
+    config::{Config, Policy},
     decision::Denial,
     pod::PodView,
     quantity::Quantity,
@@ -42,6 +42,7 @@ pub(super) struct Resolved {
 /// Every request resolved, and every error beside (the count held to `maxVolumesPerPod`).
 pub(super) fn all(
     cfg: &Config,
+    policy: &Policy,
     cluster: Option<&ClusterState>,
     pod: &PodView,
     requests: Vec<Request>,
@@ -50,12 +51,12 @@ pub(super) fn all(
     let count = requests.len();
     let mut volumes = Vec::with_capacity(count);
     for request in requests {
-        match resolve(cfg, cluster, pod, request) {
+        match resolve(cfg, policy, cluster, pod, request) {
             Ok(v) => volumes.push(v),
             Err(d) => errors.push(d),
         }
     }
-    if let Err(d) = policy::volume_count(&cfg.policy, count) {
+    if let Err(d) = policy::volume_count(policy, count) {
         errors.push(d);
     }
     volumes
@@ -63,6 +64,7 @@ pub(super) fn all(
 
 fn resolve(
     cfg: &Config,
+    policy: &Policy,
     cluster: Option<&ClusterState>,
     pod: &PodView,
     Request {
@@ -82,7 +84,7 @@ fn resolve(
         mount,
     } = request;
 
-    let base = base(cfg, source, checked).map_err(here)?;
+    let base = base(cfg, policy, source, checked).map_err(here)?;
     let mount = match &base {
         Base::Profile(_, p) => mount.or(&p.mount),
         Base::Inline(_) => mount,
@@ -108,7 +110,15 @@ fn resolve(
         true => Some(targets::requested_size(pod, &containers, &init_containers).map_err(here)?),
         false => size,
     };
-    let built = build(cfg, cluster, base, size.as_deref(), checked, from_request).map_err(here)?;
+    let built = build(
+        policy,
+        cluster,
+        base,
+        size.as_deref(),
+        checked,
+        from_request,
+    )
+    .map_err(here)?;
 
     if built.medium == Medium::Memory && pod.is_windows() {
         return Err(here(Denial::conflict(
@@ -135,7 +145,12 @@ fn resolve(
 }
 
 /// The profile a request names (it must exist), or its own source (if policy allows one).
-fn base(cfg: &Config, source: Requested, checked: bool) -> Result<Base<'_>, Denial> {
+fn base<'c>(
+    cfg: &'c Config,
+    policy: &Policy,
+    source: Requested,
+    checked: bool,
+) -> Result<Base<'c>, Denial> {
     match source {
         Requested::Profile(p) => {
             let profile = profile(cfg, &p)?;
@@ -143,7 +158,7 @@ fn base(cfg: &Config, source: Requested, checked: bool) -> Result<Base<'_>, Deni
         }
         Requested::Inline(source) => {
             if checked {
-                policy::inline_allowed(&cfg.policy)?;
+                policy::inline_allowed(policy)?;
             }
             Ok(Base::Inline(source))
         }
@@ -154,7 +169,7 @@ fn base(cfg: &Config, source: Requested, checked: bool) -> Result<Base<'_>, Deni
 /// built for this pod under the checks that apply (an annotation's own source is held to
 /// every allowlist; a size an annotation chose, or one taken from the pod, to `maxSize`).
 fn build(
-    cfg: &Config,
+    policy: &Policy,
     cluster: Option<&ClusterState>,
     base: Base<'_>,
     size: Option<&str>,
@@ -164,7 +179,7 @@ fn build(
     match base {
         // Used as is: its bytes were written when the configuration was loaded.
         Base::Profile(_, p)
-            if size.is_none() && policy::default_size(&cfg.policy, &p.source).is_none() =>
+            if size.is_none() && policy::default_size(policy, &p.source).is_none() =>
         {
             Ok(Built {
                 kind: p.compiled.kind,
@@ -176,7 +191,7 @@ fn build(
         }
         // A profile's size may be overridden, within policy; its source is trusted.
         Base::Profile(_, p) => sized(
-            cfg,
+            policy,
             cluster,
             p.source.clone(),
             size,
@@ -186,7 +201,7 @@ fn build(
             },
         ),
         Base::Inline(source) => sized(
-            cfg,
+            policy,
             cluster,
             source,
             size,
@@ -239,14 +254,13 @@ struct Checks {
 
 /// A source built for this pod: the size set, the policy checked, the default size added.
 fn sized(
-    cfg: &Config,
+    policy: &Policy,
     cluster: Option<&ClusterState>,
     source: Source,
     size: Option<&str>,
     checks: Checks,
 ) -> Result<Built, Denial> {
     let invalid = |e: crate::validate::Invalid| Denial::invalid(e.0);
-    let policy = &cfg.policy;
     let kind = source.kind();
     let mut source = match size {
         Some(size) => source.with_size(size).map_err(invalid)?,

@@ -183,7 +183,7 @@ pub async fn serve(
         None => initial_certificate(&args)?,
     };
 
-    let (client, no_client) = match cluster_client(&args, config.cluster_checks).await? {
+    let (client, no_client) = match cluster_client(&args, config.reads_cluster()).await? {
         ClientOutcome::Client(c) => (Some(c), None),
         ClientOutcome::NotAskedFor => (None, None),
         ClientOutcome::Failed(why) => (None, Some(why)),
@@ -344,7 +344,7 @@ enum ClientOutcome {
 
 async fn cluster_client(
     args: &ServeArgs,
-    checks: crate::cluster::Mode,
+    reads_cluster: bool,
 ) -> Result<ClientOutcome, ServeError> {
     match watch::client(args.kubeconfig.as_deref()).await {
         Ok(Some(c)) => Ok(ClientOutcome::Client(c)),
@@ -356,8 +356,8 @@ async fn cluster_client(
         Err(e @ watch::ClusterAccessError::Kubeconfig { .. }) => {
             Err(ServeError::Flag(e.to_string()))
         }
-        Err(e) if checks == crate::cluster::Mode::Off => {
-            tracing::info!(error = %e, "cluster checks off (clusterChecks: off); no API client needed");
+        Err(e) if !reads_cluster => {
+            tracing::info!(error = %e, "cluster checks off (clusterChecks: off, no policyOverrides by namespace label); no API client needed");
             Ok(ClientOutcome::Failed(e.to_string()))
         }
         // The checks were asked for (a kubeconfig, or a pod's service account) and cannot have

@@ -231,10 +231,10 @@ fn needs_no_missing_client(
     cfg: Config,
 ) -> Result<Config, (&'static str, String)> {
     match &state.no_client {
-        Some(why) if cfg.cluster_checks != crate::cluster::Mode::Off => Err((
+        Some(why) if cfg.reads_cluster() => Err((
             "cluster",
             format!(
-                "clusterChecks is on, but this process has no API client for the checks ({why}); restart it with working credentials"
+                "clusterChecks is on, or a policy override selects namespaces by label, but this process has no API client to read the cluster ({why}); restart it with working credentials"
             ),
         )),
         _ => Ok(cfg),

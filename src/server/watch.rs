@@ -13,7 +13,10 @@ use std::{
 
 use arc_swap::ArcSwap;
 use futures_util::StreamExt as _;
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::api::{
+    core::v1::Namespace,
+    storage::v1::{CSIDriver, StorageClass},
+};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt as _, watcher},
@@ -48,6 +51,8 @@ pub struct ClusterWatch {
     working: Mutex<ClusterState>,
     csi_synced: AtomicBool,
     classes_synced: AtomicBool,
+    /// The Namespace list arrived (watched only while an override selects by label).
+    namespaces_synced: AtomicBool,
     synced: tokio::sync::Notify,
 }
 
@@ -64,6 +69,7 @@ impl ClusterWatch {
             working: Mutex::new(ClusterState::default()),
             csi_synced: AtomicBool::new(false),
             classes_synced: AtomicBool::new(false),
+            namespaces_synced: AtomicBool::new(false),
             synced: tokio::sync::Notify::new(),
         }
     }
@@ -148,8 +154,40 @@ pub fn watch(
     background.spawn(
         Until::Exit,
         "cluster checks: StorageClass watch",
-        run(Api::<StorageClass>::all(client), w, state, classes()),
+        run(
+            Api::<StorageClass>::all(client.clone()),
+            w.clone(),
+            state.clone(),
+            classes(),
+        ),
     );
+    // Namespaces only once a configuration has an override that selects them by label (the
+    // chart grants the Namespace list and watch only then).
+    background.spawn(
+        Until::Exit,
+        "policy overrides: Namespace watch",
+        async move {
+            while !state.config.load().uses_namespace_labels() {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            let label = KindLabel {
+                kind: namespaces().name,
+            };
+            drop(state.metrics.cluster_objects.get_or_create(&label));
+            drop(state.metrics.cluster_watch_errors.get_or_create(&label));
+            run(Api::<Namespace>::all(client), w, state, namespaces()).await;
+        },
+    );
+}
+
+/// Namespaces: their labels, for the policy overrides that select by label.
+fn namespaces() -> Kind<Namespace, Map<String>> {
+    Kind {
+        name: "Namespace",
+        reduce: |n: &Namespace| n.metadata.labels.clone().unwrap_or_default(),
+        map: |s: &mut ClusterState| &mut s.namespaces,
+        synced: |w: &ClusterWatch| &w.namespaces_synced,
+    }
 }
 
 /// CSIDrivers: the volume lifecycle modes (is `Ephemeral` among them).

@@ -698,3 +698,34 @@ def test_an_inflight_body_budget_below_the_body_limit_is_refused_as_the_webhook_
     assert "server.maxInflightBodyBytes (1048576) must be at least server.maxBodyBytes (4194304)" in p.stderr, p.stderr
     (c,) = deployment(render())["spec"]["template"]["spec"]["containers"]
     assert "--max-inflight-body-bytes=33554432" in c["args"], c["args"]
+
+
+def test_policy_overrides_by_label_grant_the_namespace_watch_and_nothing_else():
+    """An override with a namespaceSelector makes the webhook read Namespaces: the chart grants
+    list and watch on them (and the token, with the cluster checks off); by name only, nothing."""
+    by_label = [{"name": "team-a", "namespaceSelector": {"matchLabels": {"team": "a"}},
+                 "policy": {"maxSize": {"emptyDir": "10Gi"}}}]
+    by_name = [{"name": "team-b", "namespaces": ["b"], "policy": {"maxVolumesPerPod": 2}}]
+    docs = render(values={"config": {"clusterChecks": "off", "policyOverrides": by_label + by_name}})
+    (role,) = by_kind(docs, "ClusterRole")
+    assert role["rules"][1:] == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
+    assert deployment(docs)["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    config = yaml.safe_load(by_kind(docs, "ConfigMap")[0]["data"]["config.yaml"])
+    assert config["policyOverrides"] == by_label + by_name
+    docs = render(values={"config": {"policyOverrides": by_name}})
+    (role,) = by_kind(docs, "ClusterRole")
+    assert len(role["rules"]) == 1, role["rules"]
+    assert not [d for d in render(values={"config": {"clusterChecks": "off", "policyOverrides": by_name}})
+                if d["kind"].startswith("ClusterRole")]
+
+
+@pytest.mark.parametrize("override", [
+    {"name": "a", "policy": {}},                                                   # neither
+    {"name": "a", "namespaces": ["x"], "namespaceSelector": {}, "policy": {}},     # both
+    {"name": "a", "namespaces": ["x"]},                                            # no policy
+    {"name": "A_b", "namespaces": ["x"], "policy": {}},                            # not a DNS label
+    {"name": "a", "namespaces": ["x"], "policy": {"maxSize": {"disk": "1Gi"}}},    # unknown field
+])
+def test_the_schema_refuses_an_override_the_webhook_would_refuse(override):
+    p = render("--set-json", f"config.policyOverrides=[{json.dumps(override)}]", check=False)
+    assert p.returncode != 0 and "policyOverrides" in p.stderr, p.stderr

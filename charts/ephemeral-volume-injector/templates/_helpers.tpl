@@ -125,7 +125,16 @@ config.clusterChecks is off. Then it needs its service-account token, RBAC and e
 API server.
 */}}
 {{- define "evi.clusterChecks" -}}
-{{- if ne (default "enforce" .Values.config.clusterChecks) "off" -}}true{{- end -}}
+{{- if or (ne (default "enforce" .Values.config.clusterChecks) "off") (include "evi.namespaceLabels" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Whether a policy override selects namespaces by label: the webhook then watches Namespaces.
+*/}}
+{{- define "evi.namespaceLabels" -}}
+{{- range .Values.config.policyOverrides -}}
+{{- if .namespaceSelector -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
