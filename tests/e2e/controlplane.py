@@ -86,6 +86,25 @@ def stop_process(p: subprocess.Popen, timeout: float = 10) -> None:
         p.wait()
 
 
+def wait_until_answers(proc: subprocess.Popen, url: str, what: str, log=None, timeout: float = 30,
+                       context=None) -> None:
+    """Polls `url` until it answers 200, while `proc` runs; else fails naming `what`, with the
+    tail of its log (a path, or a function returning the text)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            text = log() if callable(log) else Path(log).read_text(errors="replace") if log else ""
+            state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not answering after {timeout} s"
+            raise RuntimeError(f"{what} {state}:\n{text[-3000:]}")
+        time.sleep(0.1)
+
+
 def openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 

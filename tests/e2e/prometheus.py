@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import yaml
-from controlplane import TOOLS_DIR, free_port, start_process, stop_process
+from controlplane import TOOLS_DIR, free_port, start_process, stop_process, wait_until_answers
 
 PROMETHEUS = TOOLS_DIR / "release" / "bin" / "prometheus"
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, rules: Path, interval: str = "1s"):
+    def __init__(self, workdir: Path, rules: Path, interval: str = "1s", apiserver=None):
+        """`apiserver`: the test control plane (controlplane.ControlPlane), scraped as a
+        cluster's Prometheus scrapes kube-apiserver (its /metrics, with a client certificate),
+        for the alerts on the API server's own webhook metrics."""
         if not PROMETHEUS.exists():
             raise RuntimeError(f"{PROMETHEUS} is missing: tests/release/build-tools.sh (make tools-go) builds it")
         self.dir = workdir
@@ -26,12 +28,18 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
+        jobs = [{"job_name": "ephemeral-volume-injector",
+                 "file_sd_configs": [{"files": [str(self.dir / "targets-*.json")], "refresh_interval": "1s"}]}]
+        if apiserver is not None:
+            pki = apiserver.pki
+            jobs.append({"job_name": "apiserver", "scheme": "https",
+                         "static_configs": [{"targets": [apiserver.url.removeprefix("https://")]}],
+                         "tls_config": {"ca_file": str(pki.ca_crt), "cert_file": str(pki.admin_crt),
+                                        "key_file": str(pki.admin_key)}})
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
             "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": "ephemeral-volume-injector",
-                                "file_sd_configs": [{"files": [str(self.dir / "targets-*.json")],
-                                                     "refresh_interval": "1s"}]}],
+            "scrape_configs": jobs,
         }))
 
     def set_targets(self, group: str, targets: list[str], labels: dict | None = None) -> None:
@@ -46,17 +54,8 @@ class Prometheus:
             str(PROMETHEUS), f"--config.file={self.dir / 'prometheus.yml'}",
             f"--storage.tsdb.path={self.dir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
         ], self.dir / "prometheus.log")
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("Prometheus did not start: " + (self.dir / "prometheus.log").read_text()[-2000:])
-            time.sleep(0.2)
+        wait_until_answers(self.proc, f"{self.url}/-/ready", "Prometheus", self.dir / "prometheus.log")
+        return self
 
     def stop(self) -> None:
         if self.proc:

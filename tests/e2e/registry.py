@@ -14,11 +14,9 @@ import json
 import os
 import re
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
-from controlplane import TOOLS_DIR, free_port, start_process, stop_process
+from controlplane import TOOLS_DIR, free_port, start_process, stop_process, wait_until_answers
 
 RELEASE_BIN = TOOLS_DIR / "release" / "bin"
 COSIGN_ENV = {"COSIGN_PASSWORD": "", "COSIGN_YES": "true", "COSIGN_EXPERIMENTAL": "0"}
@@ -54,17 +52,8 @@ class Registry:
             "http": {"addr": self.host},
         }))
         self.proc = start_process([tool("registry"), "serve", str(config)], self.dir / "registry.log")
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the registry did not start:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
+        wait_until_answers(self.proc, f"http://{self.host}/v2/", "the registry", self.log, timeout=20)
+        return self
 
     def log(self) -> str:
         return (self.dir / "registry.log").read_text(errors="replace")

@@ -765,13 +765,15 @@ def shipped_alerts_without_waiting(out: Path) -> Path:
 
 
 def test_a_real_prometheus_fires_and_resolves_the_charts_alerts(cluster, chart, published, tmp_path):
-    """Prometheus scrapes the chart's pods on the node with the chart's rules loaded: quiet while
-    all is well; the workload-refusal alert fires for a burst of bad Nextflow Jobs; the
-    no-ready-replica alert fires when the webhook is scaled to zero (its targets gone, as service
-    discovery sees it) and resolves when it is back; the certificate alert fires for a replica
-    serving a two-day certificate."""
+    """Prometheus scrapes the chart's pods on the node, and kube-apiserver, with the chart's rules
+    loaded: quiet while all is well; the workload-refusal alert fires for a burst of bad Nextflow
+    Jobs; the no-ready-replica alert fires when the webhook is scaled to zero (its targets gone,
+    as service discovery sees it) and resolves when it is back, and the admission-errors alert
+    (the API server's own metrics) fires for the pods it could not send meanwhile; the
+    certificate alert fires for a replica serving a two-day certificate."""
     release_tools("prometheus")
-    prom = Prometheus(tmp_path / "prometheus", shipped_alerts_without_waiting(tmp_path / "alerts.yaml")).start()
+    prom = Prometheus(tmp_path / "prometheus", shipped_alerts_without_waiting(tmp_path / "alerts.yaml"),
+                      apiserver=cluster.cp).start()
     local = None
     try:
         def scrape_pods():
@@ -801,6 +803,19 @@ def test_a_real_prometheus_fires_and_resolves_the_charts_alerts(cluster, chart, 
             assert scrape_pods() == 0
             wait_for("the no-ready-replica alert", lambda: prom.firing("EphemeralVolumeInjectorNoReadyReplica"),
                      timeout=30)
+            # Pods that ask meanwhile, one every 0.5 s: the API server cannot call the webhook
+            # (no endpoints) and says so in its own metrics, which the admission-errors alert
+            # reads (a rate: a series Prometheus first sees already counted needs later increments).
+            def failing_and_alerted():
+                failed = cluster.create(asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi"), "--dry-run=server",
+                                        check=False)
+                assert failed.returncode != 0 and "failed calling webhook" in failed.stderr, failed.stderr
+                return prom.firing("EphemeralVolumeInjectorAdmissionErrors")
+
+            wait_for("the admission-errors alert (from the API server's metrics)", failing_and_alerted, timeout=45,
+                     interval=0.5)
+            (alert,) = prom.firing("EphemeralVolumeInjectorAdmissionErrors")
+            assert alert["labels"]["severity"] == "critical" and float(alert["value"]) > 0.01, alert
         finally:
             cluster.kubectl("scale", "deployment", FULL, "-n", RELEASE_NS, "--replicas=2")
             cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")

@@ -127,6 +127,12 @@ def outcomes_between(load: SteadyCreator, start: float, end: float) -> list[tupl
     return [o for o in load.outcomes if start <= o[0] < end]
 
 
+def wait_answered_after(load: SteadyCreator, start: float, count: int) -> None:
+    """Waits until `count` requests sent after `start` have been answered."""
+    wait_for(f"{count} requests answered after the fault", lambda: len(outcomes_between(load, start, float("inf")))
+             >= count, timeout=120, interval=0.2)
+
+
 def issue_serving_certificate(rel: Release, tmp: Path) -> tuple[bytes, bytes]:
     """A serving certificate from the Secret's CA, for the names the pods serve, made by hand
     with more time left than the renewal threshold (so that no replica replaces it)."""
@@ -184,7 +190,7 @@ def test_the_api_server_killed_and_started_again(cluster, faults, tmp_path):
         restarted = time.monotonic()
         ready_after = cp.start_component("kube-apiserver")
         ready = time.monotonic()
-        load.wait_sent(load.sent + 40, timeout=120)
+        wait_answered_after(load, ready, 30)
     down = outcomes_between(load, killed, ready)
     after = outcomes_between(load, ready, float("inf"))
     failed_down = [o for o in down if not o[2]]
@@ -417,7 +423,7 @@ def test_etcd_killed_in_the_middle_of_a_ca_rotation(cluster, node, published, im
             stored = rel.secret()
             served = {ip: direct_review(rel, ip, stored["ca-bundle.crt"], review_body(rel.asking_pod()))[0]
                       for ip in ips}
-            load.wait_sent(load.sent + 10)
+            wait_answered_after(load, ready, 10)
         down = outcomes_between(load, killed, ready)
         after = outcomes_between(load, ready, float("inf"))
         refused_after = [o[3] for o in after if not o[2]]
