@@ -151,12 +151,19 @@ pub struct Config {
 pub struct PolicyOverride {
     /// Its name (in messages).
     pub name: String,
-    /// The namespaces it applies to by name.
-    pub namespaces: Option<Vec<String>>,
-    /// The namespaces it applies to by their labels.
-    pub selector: Option<Selector>,
+    /// The namespaces it applies to.
+    pub selects: Namespaces,
     /// The policy in force there.
     pub policy: Policy,
+}
+
+/// How an override selects its namespaces: one way or the other, never both.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Namespaces {
+    /// `namespaces`: by name.
+    Named(Vec<String>),
+    /// `namespaceSelector`: by the Namespace's labels.
+    Labelled(Selector),
 }
 
 /// A rule: volumes for the pods it matches, without annotations.
@@ -664,23 +671,26 @@ fn compile_overrides(
                 ));
             }
         }
-        let selector = o
-            .namespace_selector
-            .as_ref()
-            .map(Selector::from_json)
-            .transpose()
-            .map_err(|e| errors.push(format!("{at}.namespaceSelector: {e}")))
-            .ok()
-            .flatten();
         let policy = compile_policy(
             o.policy.over(global),
             &format!("policyOverrides[{}].policy", o.name),
             errors,
         );
+        // Neither or both were reported when it was read.
+        let selects = match (o.namespaces, &o.namespace_selector) {
+            (Some(names), None) => Namespaces::Named(names),
+            (None, Some(v)) => match Selector::from_json(v) {
+                Ok(s) => Namespaces::Labelled(s),
+                Err(e) => {
+                    errors.push(format!("{at}.namespaceSelector: {e}"));
+                    continue;
+                }
+            },
+            _ => continue,
+        };
         out.push(PolicyOverride {
             name: o.name,
-            namespaces: o.namespaces,
-            selector,
+            selects,
             policy,
         });
     }
@@ -747,7 +757,9 @@ impl Config {
 
     /// Some override selects namespaces by their labels: the webhook must read Namespaces.
     pub fn uses_namespace_labels(&self) -> bool {
-        self.overrides.iter().any(|o| o.selector.is_some())
+        self.overrides
+            .iter()
+            .any(|o| matches!(o.selects, Namespaces::Labelled(_)))
     }
 
     /// The policy in force in a namespace: the override that lists it by name; else, of the
@@ -759,11 +771,9 @@ impl Config {
         namespace: &str,
         labels: Option<&BTreeMap<String, String>>,
     ) -> Result<&Policy, String> {
-        if let Some(o) = self.overrides.iter().find(|o| {
-            o.namespaces
-                .as_ref()
-                .is_some_and(|n| n.iter().any(|n| n == namespace))
-        }) {
+        if let Some(o) = self.overrides.iter().find(
+            |o| matches!(&o.selects, Namespaces::Named(n) if n.iter().any(|n| n == namespace)),
+        ) {
             return Ok(&o.policy);
         }
         if !self.uses_namespace_labels() {
@@ -778,7 +788,10 @@ impl Config {
             .overrides
             .iter()
             .rev()
-            .filter_map(|o| o.selector.as_ref().map(|s| (o, s)))
+            .filter_map(|o| match &o.selects {
+                Namespaces::Labelled(s) => Some((o, s)),
+                Namespaces::Named(_) => None,
+            })
             .filter(|(_, s)| s.matches(labels))
             .max_by_key(|(_, s)| s.requirements());
         Ok(best.map_or(&self.policy, |(o, _)| &o.policy))

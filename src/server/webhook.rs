@@ -90,7 +90,11 @@ fn declared_length(req: &axum::extract::Request) -> Option<u64> {
 
 /// The body, within the size and time bounds. A `Content-Length` over the limit is refused
 /// before anything is read (so `Expect: 100-continue` gets its 413 at once, not a 100).
-async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Bytes, Response> {
+async fn read_body(
+    state: &AppState,
+    req: axum::extract::Request,
+    declared: Option<u64>,
+) -> Result<Bytes, Response> {
     let limit = state.max_body_bytes;
     let too_large = || {
         json_error(
@@ -98,7 +102,6 @@ async fn read_body(state: &AppState, req: axum::extract::Request) -> Result<Byte
             &format!("request body over the limit of {limit} bytes (--max-body-bytes)"),
         )
     };
-    let declared = declared_length(&req);
     if declared.is_some_and(|n| n > limit as u64) {
         // Refused before it is read. A client that sends its body anyway (no `Expect:
         // 100-continue`) is still writing it: read and drop up to one limit's worth for a
@@ -169,7 +172,8 @@ async fn review_at(
     // sends it must not make the API server's reviews wait. A body over the size limit gets
     // its 413 unread; one of unknown length (the API server always sends a Content-Length)
     // is bounded by the size limit and the connection cap, as before.
-    let wanted = match declared_length(&req) {
+    let declared = declared_length(&req);
+    let wanted = match declared {
         Some(n) if n > SMALL_BODY && n <= state.max_body_bytes as u64 => {
             usize::try_from(n).unwrap_or(state.max_body_bytes)
         }
@@ -196,7 +200,7 @@ async fn review_at(
             }
         }
     };
-    let body = match read_body(state, req).await {
+    let body = match read_body(state, req, declared).await {
         Ok(b) => b,
         Err(response) => return response,
     };

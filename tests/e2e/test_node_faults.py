@@ -166,10 +166,9 @@ def test_the_api_server_killed_and_started_again(cluster, faults, tmp_path):
     self-managed Secret watch (a certificate stored in it) resume."""
     cp, rel = cluster.cp, faults
     late = "evi-faults-late"
-    asks_late = {"metadata": {"annotations": {
-        f"{rel.prefix}/data": f"type=ephemeral,storageClass={late},size=1Gi,mountPath=/data"}}}
     late_pod = rel.asking_pod()
-    late_pod["metadata"]["annotations"].update(asks_late["metadata"]["annotations"])
+    late_pod["metadata"]["annotations"][f"{rel.prefix}/data"] = (
+        f"type=ephemeral,storageClass={late},size=1Gi,mountPath=/data")
     refused = rel.dry_run(late_pod)
     assert refused.returncode != 0 and f'StorageClass "{late}" does not exist' in refused.stderr, refused.stderr
     ca = rel.ca_bundles()[0]
