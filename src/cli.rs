@@ -54,12 +54,18 @@ pub enum Command {
     /// a dry-run Job asking for an impossible one is refused (the chart's install hook and
     /// `helm test`); a failure names its cause.
     CheckInstall(crate::install_check::CheckInstallArgs),
+    /// Print the pod controllers the workload webhook checks, as JSON (group, version, kind,
+    /// resource, where the pod template is): what the chart's tests check its webhook rules
+    /// and CEL paths against.
+    #[command(hide = true)]
+    PrintWorkloads,
 }
 
 /// `mutate`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct MutateArgs {
-    /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet or ReplicaSet, as YAML or JSON; `-`
+    /// Pod, Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet or
+    /// ReplicationController, as YAML or JSON; `-`
     /// for stdin. A multi-document stream or a List (what `helm template` or `kustomize build`
     /// prints): every object in order, other kinds passed through unchanged with a note on
     /// stderr (the output is then a `---` stream, a List, or with `-o patch` an array of one
@@ -113,6 +119,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Mutate(args) => mutate(&args),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckInstall(args) => crate::install_check::run(&args),
+        Command::PrintWorkloads => {
+            println!("{:#}", crate::workload::table_json());
+            ExitCode::SUCCESS
+        }
     }
 }
 

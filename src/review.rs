@@ -22,7 +22,7 @@ use crate::{
     decision::Decision,
     engine::{self, PodLocation},
     pod::{PodView, Str},
-    workload,
+    workload::{self, TemplateAt},
 };
 
 /// A body the webhook cannot answer with an AdmissionReview (the server sends 400).
@@ -131,13 +131,12 @@ impl<'a> WorkloadIn<'a> {
         }
     }
 
-    /// The pod template at `pointer` (one of [`workload::WORKLOADS`]'s).
-    fn template(&self, pointer: &str) -> Option<&PodView<'a>> {
+    /// The pod template where this kind keeps it.
+    fn template(&self, at: TemplateAt) -> Option<&PodView<'a>> {
         let spec = self.spec.as_ref()?;
-        if pointer == "/spec/template" {
-            spec.template.as_ref()
-        } else {
-            spec.job_template.as_ref()?.spec.as_ref()?.template.as_ref()
+        match at {
+            TemplateAt::Spec => spec.template.as_ref(),
+            TemplateAt::JobSpec => spec.job_template.as_ref()?.spec.as_ref()?.template.as_ref(),
         }
     }
 }
@@ -312,9 +311,9 @@ fn validate<'a>(
     let mut subject = Subject::default();
     let mut decision = unchanged();
     let mut audit = None;
-    if let (Some(pointer), Some(object)) = (workload_change(&req), &req.object)
-        && let Some(template) = object.template(pointer)
-        && (req.operation == Operation::Create || template_changed(text, pointer)?)
+    if let (Some(at), Some(object)) = (workload_change(&req), &req.object)
+        && let Some(template) = object.template(at)
+        && (req.operation == Operation::Create || template_changed(text, at.pointer())?)
     {
         subject = Subject {
             kind: req.kind.kind,
@@ -327,7 +326,7 @@ fn validate<'a>(
             template,
             PodLocation {
                 namespace: &namespace,
-                pointer,
+                pointer: at.pointer(),
             },
         );
     }
@@ -357,11 +356,12 @@ fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
 
 /// A pod controller's CREATE or UPDATE (not of a subresource: `scale` and `status` cannot
 /// change the template): where its pod template is.
-fn workload_change<O>(req: &RequestIn<'_, O>) -> Option<&'static str> {
+fn workload_change<O>(req: &RequestIn<'_, O>) -> Option<TemplateAt> {
     matches!(req.operation, Operation::Create | Operation::Update)
         .then_some(())
         .filter(|()| req.sub_resource.is_none_or(str::is_empty))
-        .and_then(|()| workload::template_pointer(req.kind.group, req.kind.kind))
+        .and_then(|()| workload::find(req.kind.group, req.kind.kind))
+        .map(|w| w.template)
 }
 
 /// Whether an UPDATE changes the pod template. One that does not (a label on the workload,

@@ -506,7 +506,7 @@ fn mutate_on_a_workload_decides_as_the_workload_webhook() {
             "metadata": {"annotations": {"ephemeral-volumes.io/s": annotation}},
             "spec": {"containers": [{"name": "main", "image": "busybox"}]}
         });
-        for kind in ["Job", "CronJob", "Deployment", "ReplicationController"] {
+        for kind in evi::workload::WORKLOADS.map(|w| w.kind) {
             let object = common::workload_of(kind, &pod);
             let body = serde_json::to_vec(&common::workload_review(&object, None, "nf")).unwrap();
             let webhook =
@@ -664,7 +664,7 @@ fn serve_refuses_self_managed_tls_flags_that_cannot_work() {
                 "--cert-renew-before",
                 "100h",
             ],
-            "renewal threshold (360000s) must be positive and shorter than its lifetime (180000s)",
+            "renewal threshold (100h) must be positive and shorter than its lifetime (50h)",
         ),
         (
             &[
@@ -903,4 +903,72 @@ fn mutate_applies_the_policy_override_of_the_pods_namespace() {
             "{err}"
         );
     }
+}
+
+/// Without --tls-cert, `serve` writes its development CA only once it holds its port, to a
+/// file named after that port: a second server that cannot bind the same port fails without
+/// touching the first one's CA (which the README's `curl` reads), and says why.
+#[test]
+fn serve_writes_its_ca_only_once_it_holds_its_port_to_a_file_named_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let ca = tmp
+        .path()
+        .join(format!("ephemeral-volume-injector-{port}-ca.crt"));
+    let serve = |admin: &str| {
+        let mut c = bin();
+        c.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", admin, "--log-format", "text"])
+            .env("TMPDIR", tmp.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    };
+    /// Killed when the test ends, passed or failed.
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut first = Running(serve("127.0.0.1:0").spawn().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !ca.exists() {
+        assert!(
+            first.0.try_wait().unwrap().is_none(),
+            "the first server exited"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no CA at {}",
+            ca.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let written = std::fs::read(&ca).unwrap();
+    assert!(text(&written).contains("BEGIN CERTIFICATE"));
+
+    let second = serve("127.0.0.1:0").output().unwrap();
+    drop(first);
+    assert_eq!(second.status.code(), Some(2), "{}", text(&second.stderr));
+    assert!(
+        text(&second.stderr).contains(&format!("cannot bind 127.0.0.1:{port}")),
+        "{}",
+        text(&second.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&ca).unwrap(),
+        written,
+        "the second server overwrote the CA"
+    );
+    let files: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
 }

@@ -240,7 +240,7 @@ proptest! {
     /// The workload webhook decides on a template exactly as the pod webhook on its pod: the
     /// same verdict, status code, message and warnings, and never a patch.
     #[test]
-    fn a_workload_gets_the_verdict_of_its_pod(pod in pod(), kind in prop::sample::select(vec!["Job", "CronJob", "Deployment", "StatefulSet", "ReplicationController"])) {
+    fn a_workload_gets_the_verdict_of_its_pod(pod in pod(), kind in prop::sample::select(evi::workload::WORKLOADS.map(|w| w.kind).to_vec())) {
         let cfg = config();
         let (pod_response, _) = run(&cfg, &pod);
         let workload = common::workload_of(kind, &pod);

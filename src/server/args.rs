@@ -74,7 +74,8 @@ pub struct ServeArgs {
     /// another mode's found in the caBundle at the start) stays trusted.
     #[arg(long, env = "EVI_CA_OVERLAP", default_value = "1h", value_parser = duration)]
     pub ca_overlap: Duration,
-    /// Where the generated CA certificate is written when no certificate is given.
+    /// Where the generated CA certificate is written when no certificate is given, once the
+    /// port is bound [default: $TMPDIR/ephemeral-volume-injector-PORT-ca.crt].
     #[arg(long, env = "EVI_CA_OUT")]
     pub ca_out: Option<PathBuf>,
     /// Configuration file (YAML; see docs/configuration.md); reloaded when it changes. Built-in defaults without it.
@@ -97,21 +98,21 @@ pub struct ServeArgs {
     pub max_inflight_body_bytes: usize,
     /// Seconds a client has to finish the TLS handshake, the HTTP/2 preface and each
     /// request's headers (from its first byte). The API server sends a request at once.
-    #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
-    pub header_timeout_seconds: f64,
+    #[arg(long, env = "EVI_HEADER_TIMEOUT_SECONDS", default_value = "5", value_parser = seconds)]
+    pub header_timeout_seconds: Duration,
     /// Seconds a request body may take to arrive; then 408. The API server sends the whole
     /// review at once and gives up on a webhook after at most 30 s (10 s by default).
-    #[arg(long, env = "EVI_BODY_TIMEOUT_SECONDS", default_value_t = 10.0)]
-    pub body_timeout_seconds: f64,
+    #[arg(long, env = "EVI_BODY_TIMEOUT_SECONDS", default_value = "10", value_parser = seconds)]
+    pub body_timeout_seconds: Duration,
     /// Seconds an HTTP/1.1 keep-alive connection may wait for its next request. Longer than
     /// the API server's own idle timeout (Go's 90 s), so that the client, not the webhook,
     /// closes idle connections and never sends a request on one being closed.
-    #[arg(long, env = "EVI_IDLE_TIMEOUT_SECONDS", default_value_t = 120.0)]
-    pub idle_timeout_seconds: f64,
+    #[arg(long, env = "EVI_IDLE_TIMEOUT_SECONDS", default_value = "120", value_parser = seconds)]
+    pub idle_timeout_seconds: Duration,
     /// Seconds an HTTP/2 connection may stay open with no request in flight (pings do not
     /// count). The API server speaks HTTP/1.1 to webhooks; HTTP/2 clients reconnect cheaply.
-    #[arg(long, env = "EVI_H2_IDLE_TIMEOUT_SECONDS", default_value_t = 60.0)]
-    pub h2_idle_timeout_seconds: f64,
+    #[arg(long, env = "EVI_H2_IDLE_TIMEOUT_SECONDS", default_value = "60", value_parser = seconds)]
+    pub h2_idle_timeout_seconds: Duration,
     /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a
     /// flood of idle or slow clients (each connection in a TLS handshake holds ~25 KiB). Too low a
     /// limit lets a flood of idle connections starve the API server until they time out.
@@ -122,29 +123,30 @@ pub struct ServeArgs {
     #[arg(long, env = "EVI_ADMIN_MAX_CONNECTIONS", default_value_t = 64)]
     pub admin_max_connections: usize,
     /// Seconds an admin client has for its request headers (probes send them at once).
-    #[arg(long, env = "EVI_ADMIN_HEADER_TIMEOUT_SECONDS", default_value_t = 5.0)]
-    pub admin_header_timeout_seconds: f64,
+    #[arg(long, env = "EVI_ADMIN_HEADER_TIMEOUT_SECONDS", default_value = "5", value_parser = seconds)]
+    pub admin_header_timeout_seconds: Duration,
     /// Seconds an admin keep-alive connection may wait for its next request (the kubelet's
     /// probes and Prometheus come every 10 s or more and reconnect cheaply).
-    #[arg(long, env = "EVI_ADMIN_IDLE_TIMEOUT_SECONDS", default_value_t = 30.0)]
-    pub admin_idle_timeout_seconds: f64,
+    #[arg(long, env = "EVI_ADMIN_IDLE_TIMEOUT_SECONDS", default_value = "30", value_parser = seconds)]
+    pub admin_idle_timeout_seconds: Duration,
     /// Kubeconfig for the cluster checks (CSIDriver and StorageClass watches). Without it the
     /// in-cluster service account is used; outside a cluster the checks are off.
     #[arg(long, env = "EVI_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Seconds readiness waits for the first complete CSIDriver and StorageClass lists; past
     /// it the webhook is ready with the cluster checks in warn until they arrive.
-    #[arg(long, env = "EVI_CLUSTER_SYNC_TIMEOUT_SECONDS", default_value_t = 30.0)]
-    pub cluster_sync_timeout_seconds: f64,
-    /// After SIGTERM, seconds to keep accepting while unready, so endpoints can stop sending.
-    #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value_t = 0.0)]
-    pub drain_delay_seconds: f64,
+    #[arg(long, env = "EVI_CLUSTER_SYNC_TIMEOUT_SECONDS", default_value = "30", value_parser = seconds)]
+    pub cluster_sync_timeout_seconds: Duration,
+    /// After SIGTERM, how long to keep accepting while unready, so endpoints can stop sending
+    /// (every --*-seconds flag takes a number of seconds or a duration like 5s or 1m30s).
+    #[arg(long, env = "EVI_DRAIN_DELAY_SECONDS", default_value = "0", value_parser = seconds)]
+    pub drain_delay_seconds: Duration,
     /// After the drain delay, seconds in-flight requests get to finish before exit.
-    #[arg(long, env = "EVI_GRACE_PERIOD_SECONDS", default_value_t = 20.0)]
-    pub grace_period_seconds: f64,
+    #[arg(long, env = "EVI_GRACE_PERIOD_SECONDS", default_value = "20", value_parser = seconds)]
+    pub grace_period_seconds: Duration,
     /// Seconds between checks of the certificate and configuration files, besides file events.
-    #[arg(long, env = "EVI_RELOAD_POLL_SECONDS", default_value_t = 10.0)]
-    pub reload_poll_seconds: f64,
+    #[arg(long, env = "EVI_RELOAD_POLL_SECONDS", default_value = "10", value_parser = seconds)]
+    pub reload_poll_seconds: Duration,
 }
 
 /// The flags' durations, checked.
@@ -162,10 +164,7 @@ pub(super) struct Timing {
 impl ServeArgs {
     /// Every duration flag, or an error naming the first bad one.
     pub(super) fn timing(&self) -> Result<Timing, ServeError> {
-        let admin_idle = seconds(
-            "--admin-idle-timeout-seconds",
-            self.admin_idle_timeout_seconds,
-        )?;
+        let admin_idle = self.admin_idle_timeout_seconds;
         if self.max_inflight_body_bytes < self.max_body_bytes {
             return Err(ServeError::Flag(format!(
                 "--max-inflight-body-bytes ({}) must be at least --max-body-bytes ({}): a body of the largest size could never be read",
@@ -174,27 +173,20 @@ impl ServeArgs {
         }
         Ok(Timing {
             webhook: Bounds {
-                header: seconds("--header-timeout-seconds", self.header_timeout_seconds)?,
-                h1_idle: seconds("--idle-timeout-seconds", self.idle_timeout_seconds)?,
-                h2_idle: seconds("--h2-idle-timeout-seconds", self.h2_idle_timeout_seconds)?,
+                header: self.header_timeout_seconds,
+                h1_idle: self.idle_timeout_seconds,
+                h2_idle: self.h2_idle_timeout_seconds,
             },
             admin: Bounds {
-                header: seconds(
-                    "--admin-header-timeout-seconds",
-                    self.admin_header_timeout_seconds,
-                )?,
+                header: self.admin_header_timeout_seconds,
                 h1_idle: admin_idle,
                 h2_idle: admin_idle,
             },
-            body: seconds("--body-timeout-seconds", self.body_timeout_seconds)?,
-            drain_delay: seconds("--drain-delay-seconds", self.drain_delay_seconds)?,
-            grace: seconds("--grace-period-seconds", self.grace_period_seconds)?,
-            poll: seconds("--reload-poll-seconds", self.reload_poll_seconds)?
-                .max(Duration::from_millis(100)),
-            cluster_sync: seconds(
-                "--cluster-sync-timeout-seconds",
-                self.cluster_sync_timeout_seconds,
-            )?,
+            body: self.body_timeout_seconds,
+            drain_delay: self.drain_delay_seconds,
+            grace: self.grace_period_seconds,
+            poll: self.reload_poll_seconds.max(Duration::from_millis(100)),
+            cluster_sync: self.cluster_sync_timeout_seconds,
         })
     }
 }
@@ -202,6 +194,7 @@ impl ServeArgs {
 /// A Go-style duration (`8760h`, `1h30m`, `45s`), as cert-manager's and the chart's values.
 fn duration(s: &str) -> Result<Duration, String> {
     let d: k8s_openapi::jiff::SignedDuration = s
+        .trim()
         .parse()
         .map_err(|e| format!("{s:?} is not a duration like 8760h, 90m or 30s: {e}"))?;
     Duration::try_from(d).map_err(|_| format!("{s:?}: a duration must not be negative"))
@@ -222,12 +215,15 @@ fn lifetime(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn seconds(name: &str, v: f64) -> Result<Duration, ServeError> {
-    Duration::try_from_secs_f64(v).map_err(|_| {
-        ServeError::Flag(format!(
-            "{name} must be a non-negative number of seconds, not {v}"
-        ))
-    })
+/// A `--*-seconds` flag: a number of seconds (`5`, `0.5`) or, like every other duration flag,
+/// a Go-style duration (`5s`, `1m30s`, `250ms`).
+fn seconds(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) => Duration::try_from_secs_f64(v).map_err(|_| {
+            format!("{s:?} must be a non-negative number of seconds or a duration like 5s")
+        }),
+        Err(_) => duration(s),
+    }
 }
 
 const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -255,6 +251,26 @@ pub fn log_filter(s: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_flags_take_a_number_of_seconds_or_a_duration_as_the_other_duration_flags_do() {
+        let ok = |s: &str| seconds(s).unwrap();
+        assert_eq!(ok("5"), Duration::from_secs(5));
+        assert_eq!(ok("0.5"), Duration::from_millis(500));
+        assert_eq!(ok("5s"), Duration::from_secs(5));
+        assert_eq!(ok("1m30s"), Duration::from_secs(90));
+        assert_eq!(ok("250ms"), Duration::from_millis(250));
+        assert_eq!(ok(" 2h "), Duration::from_secs(7200));
+        assert!(seconds("-1").unwrap_err().contains("non-negative"));
+        assert!(seconds("-5s").unwrap_err().contains("must not be negative"));
+        assert!(seconds("inf").is_err());
+        assert!(
+            seconds("soon")
+                .unwrap_err()
+                .contains("is not a duration like")
+        );
+        assert_eq!(duration("8760h").unwrap(), Duration::from_secs(8760 * 3600));
+    }
 
     #[test]
     fn log_filters_that_log_something_are_taken_as_written() {

@@ -379,7 +379,7 @@ impl Metrics {
                 );
             }
         }
-        for (_, kind, _) in WORKLOADS {
+        for kind in WORKLOADS.map(|w| w.kind) {
             for result in WORKLOAD_RESULTS {
                 drop(
                     self.workload_reviews
@@ -408,10 +408,7 @@ impl Metrics {
     /// The metrics in Prometheus' text format; `ready` is what `/readyz` answers now.
     pub fn encode(&self, ready: bool) -> String {
         self.ready.set(i64::from(ready));
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-            .unwrap_or_default();
+        let now = super::certs::unix_now();
         for (certificate, not_after) in [
             ("serving", &self.cert_not_after),
             ("ca", &self.ca_not_after),

@@ -5,11 +5,13 @@
 //!   timeouts (headers, body, idle HTTP/1.1 and HTTP/2);
 //! - `webhook`: `POST /mutate`; `admin`: `/healthz`, `/readyz`, `/metrics`;
 //! - `metrics`: every metric, defined once; `reload`: certificate and configuration
-//!   reloads; `cluster`: the CSIDriver and StorageClass watches;
+//!   reloads; `watch`: the cluster's CSIDrivers, StorageClasses and Namespaces, watched;
+//! - `selftls`: the self-managed certificate keeper; `tasks`: the background tasks;
 //! - `shutdown`: signals and the drain; `logging`: the log writer; [`tls`]: certificates.
 
 mod admin;
 mod args;
+mod certs;
 mod connection;
 mod listener;
 mod logging;
@@ -178,8 +180,16 @@ pub async fn serve(
 
     let (config, loaded_config) = initial_config(&args)?;
     let self_tls = selftls::Settings::from_args(&args)?;
-    let (loaded, loaded_cert) = match &self_tls {
-        Some(_) => (selftls::placeholder()?, None),
+    let Initial {
+        loaded,
+        loaded_cert,
+        generated_ca,
+    } = match &self_tls {
+        Some(_) => Initial {
+            loaded: selftls::placeholder()?,
+            loaded_cert: None,
+            generated_ca: None,
+        },
         None => initial_certificate(&args)?,
     };
 
@@ -245,6 +255,21 @@ pub async fn serve(
     let admin = bind(args.admin_listen).await?;
     let webhook_addr = listener.local_addr().unwrap_or(args.listen);
     let admin_addr = admin.local_addr().unwrap_or(args.admin_listen);
+    if let Some(ca_pem) = generated_ca {
+        // Only now that the port is ours: a second server that fails to bind writes nothing,
+        // and the default name carries the port, so two servers never share a file.
+        let path = args.ca_out.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!(
+                "ephemeral-volume-injector-{}-ca.crt",
+                webhook_addr.port()
+            ))
+        });
+        std::fs::write(&path, ca_pem).map_err(|source| ServeError::WriteCa {
+            path: path.display().to_string(),
+            source,
+        })?;
+        tracing::info!(ca = %path.display(), "no --tls-cert given: serving a self-signed certificate for localhost; its CA certificate is in this file");
+    }
 
     let (stop_webhook, webhook_stopping) = tokio::sync::watch::channel(false);
     let (stop_admin, admin_stopping) = tokio::sync::watch::channel(false);
@@ -393,9 +418,17 @@ fn initial_config(args: &ServeArgs) -> Result<(Config, Option<Vec<u8>>), ServeEr
     }
 }
 
-/// The serving certificate: the files given, or a self-signed one for localhost whose CA is
-/// written out. With files, their bytes for the reloader.
-fn initial_certificate(args: &ServeArgs) -> Result<(tls::Loaded, Option<Vec<u8>>), ServeError> {
+/// The certificate served from the start.
+struct Initial {
+    loaded: tls::Loaded,
+    /// The files' bytes as the reloader compares them, when files were given.
+    loaded_cert: Option<Vec<u8>>,
+    /// The self-signed certificate's CA, written out once the port is bound.
+    generated_ca: Option<String>,
+}
+
+/// The serving certificate: the files given, or a self-signed one for localhost.
+fn initial_certificate(args: &ServeArgs) -> Result<Initial, ServeError> {
     match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let read = |p: &std::path::Path| {
@@ -407,22 +440,21 @@ fn initial_certificate(args: &ServeArgs) -> Result<(tls::Loaded, Option<Vec<u8>>
             let (cert_pem, key_pem) = (read(cert)?, read(key)?);
             let loaded = tls::load_pem(&cert_pem, &key_pem)?;
             // The bytes just loaded, as the reloader compares them (`read_pair`'s form).
-            Ok((loaded, Some([cert_pem, vec![0], key_pem].concat())))
+            Ok(Initial {
+                loaded,
+                loaded_cert: Some([cert_pem, vec![0], key_pem].concat()),
+                generated_ca: None,
+            })
         }
         _ => {
             let generated = tls::self_signed(&["localhost", "127.0.0.1", "::1"])?;
-            let path = args
-                .ca_out
-                .clone()
-                .unwrap_or_else(|| std::env::temp_dir().join("ephemeral-volume-injector-ca.crt"));
-            std::fs::write(&path, &generated.ca_pem).map_err(|source| ServeError::WriteCa {
-                path: path.display().to_string(),
-                source,
-            })?;
-            tracing::info!(ca = %path.display(), "no --tls-cert given: serving a self-signed certificate for localhost; its CA certificate is in this file");
             let loaded =
                 tls::load_pem(generated.cert_pem.as_bytes(), generated.key_pem.as_bytes())?;
-            Ok((loaded, None))
+            Ok(Initial {
+                loaded,
+                loaded_cert: None,
+                generated_ca: Some(generated.ca_pem),
+            })
         }
     }
 }

@@ -13,6 +13,8 @@ use rustls::{
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
+use super::certs;
+
 /// A certificate or key that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -37,7 +39,7 @@ pub enum TlsError {
     Mismatch,
     /// The self-signed certificate.
     #[error("cannot generate a self-signed certificate: {0}")]
-    Generate(#[from] rcgen::Error),
+    Generate(#[from] certs::CertsError),
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
@@ -65,12 +67,12 @@ pub fn load_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Loaded, TlsError> {
             message: "no CERTIFICATE block found".into(),
         });
     };
-    let not_after = x509_parser::parse_x509_certificate(leaf)
-        .map(|(_, c)| c.validity().not_after.timestamp())
+    let not_after = certs::read(leaf)
         .map_err(|e| TlsError::Pem {
             what: "certificate",
             message: e.to_string(),
-        })?;
+        })?
+        .not_after;
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::Pem {
         what: "private key",
         message: e.to_string(),
@@ -95,36 +97,23 @@ pub struct SelfSigned {
     pub key_pem: String,
 }
 
-/// A CA and a serving certificate for these names, generated in memory.
+/// A CA and a serving certificate for these names, generated in memory, valid for a year.
+/// The CA's name carries the process's id and the time: a client given another server's CA
+/// then names the CA it expected instead of failing on two CAs that look alike.
 pub fn self_signed(names: &[&str]) -> Result<SelfSigned, TlsError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(
-        DnType::CommonName,
-        "ephemeral-volume-injector development CA",
+    const YEAR: i64 = 365 * 24 * 3600;
+    let now = certs::unix_now();
+    let name = format!(
+        "ephemeral-volume-injector development CA (pid {}, {now})",
+        std::process::id()
     );
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, ca_key);
-
-    let leaf_key = KeyPair::generate()?;
-    let mut leaf = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
-    leaf.distinguished_name.push(
-        DnType::CommonName,
-        names.first().copied().unwrap_or("localhost"),
-    );
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    let cert = leaf.signed_by(&leaf_key, &issuer)?;
+    let ca = certs::new_ca(&name, now, YEAR)?;
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let (cert_pem, key_pem) = certs::new_serving(&ca, &names, now, YEAR)?;
     Ok(SelfSigned {
-        ca_pem: ca_cert.pem(),
-        cert_pem: cert.pem(),
-        key_pem: leaf_key.serialize_pem(),
+        ca_pem: ca.pem,
+        cert_pem,
+        key_pem,
     })
 }
 

@@ -275,12 +275,27 @@ fn owner<'h>(h: &'h review::Handled<'h>) -> Owner<'h> {
     Owner(h)
 }
 
+/// The injected volumes' names, comma-separated, written straight into the log line.
+struct Volumes<'d, K>(&'d [(String, K)]);
+
+impl<K> std::fmt::Display for Volumes<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, _)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(name)?;
+        }
+        Ok(())
+    }
+}
+
 /// A workload review in the metrics and the decision log.
 fn record_workload(m: &Metrics, h: &review::Handled<'_>) {
     let d = &h.decision;
     let kind = crate::workload::WORKLOADS
         .iter()
-        .map(|(_, k, _)| *k)
+        .map(|w| w.kind)
         .find(|k| *k == h.subject.kind)
         .unwrap_or("unknown");
     let result = match d {
@@ -303,9 +318,8 @@ fn record_workload(m: &Metrics, h: &review::Handled<'_>) {
                 "workload admitted; its pods will get no volumes (onError: warn)");
         }
         None => {
-            let volumes: Vec<&str> = d.injected().iter().map(|(n, _)| n.as_str()).collect();
             tracing::debug!(uid = %h.uid, namespace = %h.namespace, workload = %workload,
-                volumes = %volumes.join(","), "workload allowed");
+                volumes = %Volumes(d.injected()), "workload allowed");
         }
     }
 }
@@ -366,9 +380,8 @@ fn record(m: &Metrics, h: &review::Handled<'_>) {
                 "admitted without volumes (onError: warn)");
         }
         Decision::Mutated { injected, .. } => {
-            let volumes: Vec<&str> = injected.iter().map(|(n, _)| n.as_str()).collect();
             tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h), dry_run = h.dry_run,
-                volumes = %volumes.join(","), "mutated");
+                volumes = %Volumes(injected), "mutated");
         }
         Decision::Unchanged { .. } => {
             tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, "unchanged");

@@ -40,22 +40,33 @@ pub fn workload_of(kind: &str, pod: &Value) -> Value {
         meta.remove("namespace");
         meta.remove("generateName");
     }
-    let (api_version, spec) = match kind {
-        "Job" => ("batch/v1", json!({"backoffLimit": 0, "template": template})),
-        "CronJob" => (
-            "batch/v1",
-            json!({"schedule": "*/5 * * * *",
-                   "jobTemplate": {"spec": {"backoffLimit": 0, "template": template}}}),
-        ),
-        "ReplicationController" => ("v1", json!({"replicas": 1, "template": template})),
-        _ => (
-            "apps/v1",
-            json!({"replicas": 1, "selector": {"matchLabels": {"app": "x"}}, "template": template}),
-        ),
+    let w = evi::workload::WORKLOADS
+        .iter()
+        .find(|w| w.kind == kind)
+        .unwrap_or_else(|| panic!("{kind} is not in evi::workload::WORKLOADS"));
+    // What each kind's API validation asks for beside its template.
+    let spec = match kind {
+        "Job" => json!({"backoffLimit": 0}),
+        "CronJob" => {
+            json!({"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"backoffLimit": 0}}})
+        }
+        "ReplicationController" => json!({"replicas": 1}),
+        _ => json!({"replicas": 1, "selector": {"matchLabels": {"app": "x"}}}),
     };
-    json!({"apiVersion": api_version, "kind": kind,
+    let api_version = match w.group {
+        "" => w.version.to_owned(),
+        group => format!("{group}/{}", w.version),
+    };
+    let mut object = json!({"apiVersion": api_version, "kind": kind,
            "metadata": {"name": "nf-task-1", "labels": {"nextflow.io/app": "nextflow"}},
-           "spec": spec})
+           "spec": spec});
+    // The template where the table says this kind keeps it.
+    let mut at = &mut object;
+    for key in w.template.pointer().split('/').skip(1) {
+        at = &mut at[key];
+    }
+    *at = template;
+    object
 }
 
 /// An AdmissionReview as the API server sends it to the workload webhook for `operation`

@@ -30,12 +30,12 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt as _, watcher},
 };
 
 use self::plan::{Policy, Stored};
-use super::{AppState, ServeArgs, ServeError, metrics::OperationLabel, tls};
+use super::{AppState, ServeArgs, ServeError, certs::unix_now, metrics::OperationLabel, tls};
 
 /// At most this long between two looks, whatever the deadlines.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -52,6 +52,16 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The webhook configurations whose caBundle this replica keeps, of both kinds.
+    fn configurations(&self) -> impl Iterator<Item = (Kind, &str)> {
+        let mutating = self.mutating.iter().map(|n| (Kind::Mutating, n.as_str()));
+        mutating.chain(
+            self.validating
+                .iter()
+                .map(|n| (Kind::Validating, n.as_str())),
+        )
+    }
+
     /// The self-managed mode's settings, if `--tls-secret` is given, checked.
     pub fn from_args(args: &ServeArgs) -> Result<Option<Settings>, ServeError> {
         let Some(secret) = &args.tls_secret else {
@@ -125,13 +135,6 @@ pub fn placeholder() -> Result<tls::Loaded, tls::TlsError> {
     tls::load_pem(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes())
 }
 
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
-}
-
 /// A failure already counted and logged (by [`Ctx::error`]): the caller only backs off.
 struct Reported;
 
@@ -185,20 +188,11 @@ pub fn start(
         "self-managed TLS: Secret watch",
         watch_secret(ctx.clone(), secrets, by_name(&ctx.settings.name)),
     );
-    for name in &ctx.settings.mutating {
-        let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    for (kind, name) in ctx.settings.configurations() {
         background.spawn(
             Until::Signal,
             "self-managed TLS: webhook configuration watch",
-            wake_on_change(ctx.clone(), api, by_name(name)),
-        );
-    }
-    for name in &ctx.settings.validating {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(ctx.client.clone());
-        background.spawn(
-            Until::Signal,
-            "self-managed TLS: webhook configuration watch",
-            wake_on_change(ctx.clone(), api, by_name(name)),
+            wake_on_change(ctx.clone(), kind.api(&ctx.client), by_name(name)),
         );
     }
     background.spawn(Until::Signal, "self-managed TLS", run(ctx));
@@ -210,7 +204,7 @@ async fn watch_secret(ctx: Arc<Ctx>, api: Api<Secret>, config: watcher::Config) 
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => {
-                serve(&ctx, &stored_of(&s), unix_now());
+                swap_in_stored(&ctx, &stored_of(&s), unix_now());
                 ctx.wake.notify_one();
             }
             Ok(watcher::Event::Delete(_) | watcher::Event::InitDone) => ctx.wake.notify_one(),
@@ -223,11 +217,7 @@ async fn watch_secret(ctx: Arc<Ctx>, api: Api<Secret>, config: watcher::Config) 
 }
 
 /// A webhook configuration's watch: any change wakes the loop (it checks the caBundle).
-async fn wake_on_change<K>(ctx: Arc<Ctx>, api: Api<K>, config: watcher::Config)
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::DynamicType: Default,
-{
+async fn wake_on_change(ctx: Arc<Ctx>, api: Api<DynamicObject>, config: watcher::Config) {
     let mut stream = watcher(api, config).default_backoff().boxed();
     while let Some(event) = stream.next().await {
         match event {
@@ -282,7 +272,8 @@ fn stored_of(secret: &Secret) -> Stored {
     Stored { data, annotations }
 }
 
-/// The two kinds of webhook configuration.
+/// The two kinds of webhook configuration, read and patched by one code path through the
+/// erased resource (both keep `webhooks[].name` and `webhooks[].clientConfig.caBundle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Mutating,
@@ -296,6 +287,14 @@ impl Kind {
             Kind::Validating => "ValidatingWebhookConfiguration",
         }
     }
+
+    fn api(self, client: &Client) -> Api<DynamicObject> {
+        let resource = match self {
+            Kind::Mutating => ApiResource::erase::<MutatingWebhookConfiguration>(&()),
+            Kind::Validating => ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+        };
+        Api::all_with(client.clone(), &resource)
+    }
 }
 
 /// One webhook of a configuration, as read: its name and caBundle.
@@ -307,57 +306,52 @@ struct LiveWebhook {
     ca_bundle: Vec<u8>,
 }
 
-/// The two kinds of webhook configuration, as this module reads and patches them.
-trait Configuration:
-    kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
-    + Clone
-    + std::fmt::Debug
-    + serde::de::DeserializeOwned
-    + serde::Serialize
-    + Send
-    + Sync
-    + 'static
-{
-    const KIND: Kind;
-    /// Each webhook's name and caBundle, in order.
-    fn hooks(self) -> Vec<(String, Option<ByteString>)>;
-}
-
-impl Configuration for MutatingWebhookConfiguration {
-    const KIND: Kind = Kind::Mutating;
-    fn hooks(self) -> Vec<(String, Option<ByteString>)> {
-        let hooks = self.webhooks.unwrap_or_default().into_iter();
-        hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
-    }
-}
-
-impl Configuration for ValidatingWebhookConfiguration {
-    const KIND: Kind = Kind::Validating;
-    fn hooks(self) -> Vec<(String, Option<ByteString>)> {
-        let hooks = self.webhooks.unwrap_or_default().into_iter();
-        hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
-    }
+/// Each webhook's name and caBundle, in order. A caBundle that is not base64 is kept as its
+/// text: it then differs from the stored bundle and is set again.
+fn webhooks_of(configuration: &DynamicObject) -> Vec<(String, Vec<u8>)> {
+    use base64::Engine as _;
+    let hooks = configuration
+        .data
+        .get("webhooks")
+        .and_then(|w| w.as_array());
+    hooks
+        .into_iter()
+        .flatten()
+        .map(|hook| {
+            let name = hook
+                .get("name")
+                .and_then(|n| n.as_str())
+                .unwrap_or_default();
+            let bundle = hook
+                .pointer("/clientConfig/caBundle")
+                .and_then(|b| b.as_str())
+                .unwrap_or_default();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(bundle)
+                .unwrap_or_else(|_| bundle.as_bytes().to_vec());
+            (name.to_owned(), bytes)
+        })
+        .collect()
 }
 
 /// The webhooks of one configuration; a missing configuration is counted and has none.
-async fn read_one<K: Configuration>(ctx: &Ctx, name: &str) -> Result<Vec<LiveWebhook>, Reported> {
-    match Api::<K>::all(ctx.client.clone()).get_opt(name).await {
-        Ok(Some(c)) => Ok(c
-            .hooks()
+async fn read_one(ctx: &Ctx, kind: Kind, name: &str) -> Result<Vec<LiveWebhook>, Reported> {
+    match kind.api(&ctx.client).get_opt(name).await {
+        Ok(Some(c)) => Ok(webhooks_of(&c)
             .into_iter()
             .enumerate()
-            .map(|(index, (hook, ca))| LiveWebhook {
-                kind: K::KIND,
+            .map(|(index, (hook, ca_bundle))| LiveWebhook {
+                kind,
                 configuration: name.to_string(),
                 index,
                 name: hook,
-                ca_bundle: ca.map(|b| b.0).unwrap_or_default(),
+                ca_bundle,
             })
             .collect()),
         Ok(None) => {
             ctx.error(
                 "read-webhook-configuration",
-                &format!("{} {name} does not exist", K::KIND.name()),
+                &format!("{} {name} does not exist", kind.name()),
             );
             Ok(Vec::new())
         }
@@ -367,11 +361,8 @@ async fn read_one<K: Configuration>(ctx: &Ctx, name: &str) -> Result<Vec<LiveWeb
 
 async fn read_live(ctx: &Ctx) -> Result<Vec<LiveWebhook>, Reported> {
     let mut out = Vec::new();
-    for name in &ctx.settings.mutating {
-        out.extend(read_one::<MutatingWebhookConfiguration>(ctx, name).await?);
-    }
-    for name in &ctx.settings.validating {
-        out.extend(read_one::<ValidatingWebhookConfiguration>(ctx, name).await?);
+    for (kind, name) in ctx.settings.configurations() {
+        out.extend(read_one(ctx, kind, name).await?);
     }
     Ok(out)
 }
@@ -422,7 +413,7 @@ async fn reconcile(ctx: &Ctx) -> Result<Duration, Reported> {
             Err(WriteError::Other(e)) => return Err(ctx.error("write-secret", &e)),
         },
     };
-    serve(ctx, &current, now);
+    swap_in_stored(ctx, &current, now);
     if let Some(bundle) = plan::bundle(&current) {
         set_bundles(ctx, &live, &bundle).await?;
     }
@@ -515,8 +506,9 @@ async fn write(
     }
 }
 
-/// Serves the stored certificate if it is usable and not the one served already.
-fn serve(ctx: &Ctx, stored: &Stored, now: i64) {
+/// Swaps the stored certificate into the running server's store (server::serve runs the
+/// server), if it is usable and not the one served already.
+fn swap_in_stored(ctx: &Ctx, stored: &Stored, now: i64) {
     let metrics = &ctx.state.metrics;
     match plan::serving(stored, &ctx.settings.names, now) {
         Ok(s) => {
@@ -574,26 +566,32 @@ fn check_expiry(ctx: &Ctx, now: i64) {
 /// name at its index, so that a configuration changed in between is read again, not clobbered.
 async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(), Reported> {
     use base64::Engine as _;
+    use json_patch::{AddOperation, PatchOperation, TestOperation, jsonptr::PointerBuf};
     let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
     let mut failed = None;
     for w in live.iter().filter(|w| w.ca_bundle != bundle) {
-        let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
-            {"op": "test", "path": format!("/webhooks/{}/name", w.index), "value": w.name},
-            {"op": "add", "path": format!("/webhooks/{}/clientConfig/caBundle", w.index), "value": encoded},
-        ])) {
-            Ok(p) => p,
-            Err(e) => return Err(ctx.error("patch-webhook-configuration", &e)),
-        };
-        let result = match w.kind {
-            Kind::Mutating => {
-                patch_one::<MutatingWebhookConfiguration>(ctx, &w.configuration, patch).await
-            }
-            Kind::Validating => {
-                patch_one::<ValidatingWebhookConfiguration>(ctx, &w.configuration, patch).await
-            }
-        };
+        let index = w.index.to_string();
+        let patch = json_patch::Patch(vec![
+            PatchOperation::Test(TestOperation {
+                path: PointerBuf::from_tokens(["webhooks", &index, "name"]),
+                value: w.name.clone().into(),
+            }),
+            PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["webhooks", &index, "clientConfig", "caBundle"]),
+                value: encoded.clone().into(),
+            }),
+        ]);
+        let result = w
+            .kind
+            .api(&ctx.client)
+            .patch(
+                &w.configuration,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await;
         match result {
-            Ok(()) => {
+            Ok(_) => {
                 ctx.state.metrics.ca_bundle_patches.inc();
                 let was = if w.ca_bundle.is_empty() {
                     "empty"
@@ -609,13 +607,358 @@ async fn set_bundles(ctx: &Ctx, live: &[LiveWebhook], bundle: &[u8]) -> Result<(
     failed.map_or(Ok(()), Err)
 }
 
-async fn patch_one<K: Configuration>(
-    ctx: &Ctx,
-    name: &str,
-    patch: json_patch::Patch,
-) -> Result<(), kube::Error> {
-    Api::<K>::all(ctx.client.clone())
-        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map(|_| ())
+/// The I/O shell against a mocked API server (the controller-rs pattern): each test runs one
+/// look ([`reconcile`]) while a verifier answers the requests it expects, in order, and
+/// checks each one — method, path and, for writes, what is written.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{Method, Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    const SECRET: &str = "/api/v1/namespaces/evi/secrets/certs";
+    const MWC: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/evi";
+    const VWC: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/evi";
+
+    fn settings(validating: bool) -> Settings {
+        Settings {
+            namespace: "evi".into(),
+            name: "certs".into(),
+            names: vec!["evi.evi.svc".into()],
+            mutating: vec!["evi".into()],
+            validating: if validating {
+                vec!["evi".into()]
+            } else {
+                Vec::new()
+            },
+            policy: Policy {
+                ca_lifetime: 8760 * 3600,
+                ca_renew_before: 720 * 3600,
+                cert_lifetime: 2160 * 3600,
+                cert_renew_before: 240 * 3600,
+                overlap: 3600,
+            },
+        }
+    }
+
+    /// A replica's loop state on a mocked client, not yet ready (no certificate served).
+    fn ctx(settings: Settings) -> (Arc<Ctx>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let state = crate::server::test_state("{}");
+        state.tls_ready.store(false, Ordering::SeqCst);
+        let ctx = Arc::new(Ctx {
+            client: Client::new(service, "default"),
+            settings,
+            state,
+            served: Mutex::new(None),
+            last_problem: Mutex::new(None),
+            wake: tokio::sync::Notify::new(),
+        });
+        (ctx, handle)
+    }
+
+    /// Waits for the next request, checks its method and path, answers `status` with `body`;
+    /// returns what was sent (JSON, Null when empty) and its content type.
+    async fn answer(
+        handle: &mut Handle,
+        method: Method,
+        path: &str,
+        status: u16,
+        body: &Value,
+    ) -> (Value, String) {
+        let (request, send) = handle.next_request().await.expect("a request");
+        assert_eq!(
+            (request.method(), request.uri().path()),
+            (&method, path),
+            "unexpected request"
+        );
+        let content_type = request
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+            .unwrap_or_default();
+        let sent = request.into_body().collect_bytes().await.unwrap();
+        let sent = if sent.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&sent).unwrap()
+        };
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        send.send_response(response);
+        (sent, content_type)
+    }
+
+    fn status(code: u16, reason: &str) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code,
+               "message": format!("{reason} (from the test)")})
+    }
+
+    /// A webhook configuration with these webhooks and caBundles (base64; absent when empty).
+    fn configuration(kind: &str, hooks: &[(&str, &[u8])]) -> Value {
+        use base64::Engine as _;
+        let webhooks: Vec<Value> = hooks
+            .iter()
+            .map(|(name, ca)| {
+                let mut config = json!({"service": {"name": "evi", "namespace": "evi"}});
+                if !ca.is_empty() {
+                    config["caBundle"] = base64::engine::general_purpose::STANDARD.encode(ca).into();
+                }
+                json!({"name": name, "clientConfig": config, "sideEffects": "None", "admissionReviewVersions": ["v1"]})
+            })
+            .collect();
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+               "metadata": {"name": "evi", "resourceVersion": "1"}, "webhooks": webhooks})
+    }
+
+    /// The Secret as another replica would have stored it.
+    fn secret(stored: &Stored) -> Value {
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("certs".into()),
+                namespace: Some("evi".into()),
+                resource_version: Some("7".into()),
+                annotations: Some(stored.annotations.clone()),
+                ..Default::default()
+            },
+            data: Some(
+                stored
+                    .data
+                    .iter()
+                    .map(|(k, v)| (k.clone(), ByteString(v.clone())))
+                    .collect(),
+            ),
+            type_: Some("Opaque".into()),
+            ..Default::default()
+        };
+        serde_json::to_value(secret).unwrap()
+    }
+
+    fn a_stored_secret(settings: &Settings) -> Stored {
+        let (_, stored) = plan::plan(
+            None,
+            &[],
+            &settings.names,
+            &settings.policy,
+            unix_now(),
+            "test CA",
+        )
+        .unwrap()
+        .unwrap();
+        stored
+    }
+
+    fn errors(ctx: &Ctx, operation: &'static str) -> u64 {
+        ctx.state
+            .metrics
+            .tls_errors
+            .get_or_create(&OperationLabel { operation })
+            .get()
+    }
+
+    fn steps(ctx: &Ctx, step: &'static str) -> u64 {
+        ctx.state
+            .metrics
+            .tls_steps
+            .get_or_create(&super::super::metrics::StepLabel { step })
+            .get()
+    }
+
+    fn served(ctx: &Ctx) -> Option<Vec<u8>> {
+        ctx.served
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|(pem, _)| pem.clone())
+    }
+
+    /// Both kinds through one code path: the patch tests the webhook's name at its index and
+    /// sets its caBundle, as a JSON patch.
+    fn assert_bundle_patch(
+        sent: &Value,
+        content_type: &str,
+        index: usize,
+        name: &str,
+        bundle: &[u8],
+    ) {
+        use base64::Engine as _;
+        assert_eq!(content_type, "application/json-patch+json");
+        let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
+        assert_eq!(
+            sent,
+            &json!([
+                {"op": "test", "path": format!("/webhooks/{index}/name"), "value": name},
+                {"op": "add", "path": format!("/webhooks/{index}/clientConfig/caBundle"), "value": encoded},
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_that_loses_the_race_is_read_again_and_the_winners_certificate_served_and_distributed()
+     {
+        let (ctx, mut api) = ctx(settings(true));
+        let mwc = configuration("MutatingWebhookConfiguration", &[("volumes.x", b"")]);
+        let vwc = configuration(
+            "ValidatingWebhookConfiguration",
+            &[("workloads.x", b""), ("cronjobs.x", b"")],
+        );
+
+        // No Secret yet: this replica makes one, another replica's create lands first.
+        let look = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { reconcile(&ctx).await.map_err(|Reported| ()) }
+        });
+        answer(&mut api, Method::GET, SECRET, 404, &status(404, "NotFound")).await;
+        answer(&mut api, Method::GET, MWC, 200, &mwc).await;
+        answer(&mut api, Method::GET, VWC, 200, &vwc).await;
+        let (created, _) = answer(
+            &mut api,
+            Method::POST,
+            "/api/v1/namespaces/evi/secrets",
+            409,
+            &status(409, "AlreadyExists"),
+        )
+        .await;
+        assert_eq!(created["metadata"]["name"], "certs");
+        assert!(created["data"]["tls.crt"].is_string(), "{created}");
+        assert_eq!(
+            look.await.unwrap(),
+            Ok(Duration::from_millis(200)),
+            "read again soon"
+        );
+        assert!(
+            !ctx.state.tls_ready.load(Ordering::SeqCst),
+            "nothing served: the write lost"
+        );
+        assert_eq!((served(&ctx), steps(&ctx, "created")), (None, 0));
+        assert_eq!(ctx.state.metrics.ca_bundle_patches.get(), 0);
+
+        // The next look reads the winner's Secret: nothing to write, its certificate served,
+        // its bundle set on all three webhooks of both kinds.
+        let winner = a_stored_secret(&ctx.settings);
+        let look = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { reconcile(&ctx).await.map_err(|Reported| ()) }
+        });
+        answer(&mut api, Method::GET, SECRET, 200, &secret(&winner)).await;
+        answer(&mut api, Method::GET, MWC, 200, &mwc).await;
+        answer(&mut api, Method::GET, VWC, 200, &vwc).await;
+        let bundle = &winner.data[plan::BUNDLE];
+        let (sent, ct) = answer(&mut api, Method::PATCH, MWC, 200, &mwc).await;
+        assert_bundle_patch(&sent, &ct, 0, "volumes.x", bundle);
+        let (sent, ct) = answer(&mut api, Method::PATCH, VWC, 200, &vwc).await;
+        assert_bundle_patch(&sent, &ct, 0, "workloads.x", bundle);
+        let (sent, ct) = answer(&mut api, Method::PATCH, VWC, 200, &vwc).await;
+        assert_bundle_patch(&sent, &ct, 1, "cronjobs.x", bundle);
+        assert!(look.await.unwrap().is_ok());
+        assert_eq!(served(&ctx).as_ref(), Some(&winner.data[plan::TLS_CRT]));
+        assert!(
+            ctx.state.tls_ready.load(Ordering::SeqCst),
+            "ready once a certificate is served"
+        );
+        assert_eq!(ctx.state.metrics.ca_bundle_patches.get(), 3);
+        assert_eq!(
+            steps(&ctx, "created"),
+            0,
+            "the winner's step, not this replica's"
+        );
+
+        // Readiness follows the served certificate: past its end with none newer, not ready.
+        let not_after = ctx.served.lock().unwrap().as_ref().unwrap().1;
+        check_expiry(&ctx, not_after - 1);
+        assert!(ctx.state.tls_ready.load(Ordering::SeqCst));
+        check_expiry(&ctx, not_after);
+        assert!(!ctx.state.tls_ready.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_configuration_changed_in_between_fails_the_test_op_and_is_read_again_not_clobbered()
+    {
+        let (ctx, mut api) = ctx(settings(false));
+        let stored = a_stored_secret(&ctx.settings);
+        let bundle = &stored.data[plan::BUNDLE];
+        let before = configuration("MutatingWebhookConfiguration", &[("volumes.x", b"")]);
+
+        let look = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { reconcile(&ctx).await.map_err(|Reported| ()) }
+        });
+        answer(&mut api, Method::GET, SECRET, 200, &secret(&stored)).await;
+        answer(&mut api, Method::GET, MWC, 200, &before).await;
+        // Meanwhile someone put another webhook first: the test op at index 0 fails.
+        let (sent, ct) = answer(&mut api, Method::PATCH, MWC, 422, &status(422, "Invalid")).await;
+        assert_bundle_patch(&sent, &ct, 0, "volumes.x", bundle);
+        assert_eq!(
+            look.await.unwrap(),
+            Err(()),
+            "the loop backs off and looks again"
+        );
+        assert_eq!(errors(&ctx, "patch-webhook-configuration"), 1);
+        assert!(
+            ctx.state.tls_ready.load(Ordering::SeqCst),
+            "the certificate is served all the same"
+        );
+
+        // Read again: the webhook is now at index 1 (the one put first already holds the
+        // bundle), and only it is patched, there.
+        let after = configuration(
+            "MutatingWebhookConfiguration",
+            &[("first.y", bundle), ("volumes.x", b"")],
+        );
+        let look = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { reconcile(&ctx).await.map_err(|Reported| ()) }
+        });
+        answer(&mut api, Method::GET, SECRET, 200, &secret(&stored)).await;
+        answer(&mut api, Method::GET, MWC, 200, &after).await;
+        let (sent, ct) = answer(&mut api, Method::PATCH, MWC, 200, &after).await;
+        assert_bundle_patch(&sent, &ct, 1, "volumes.x", bundle);
+        assert!(look.await.unwrap().is_ok());
+        assert_eq!(ctx.state.metrics.ca_bundle_patches.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_missing_configuration_is_counted_and_the_secret_is_made_and_served_all_the_same() {
+        let (ctx, mut api) = ctx(settings(false));
+        let look = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { reconcile(&ctx).await.map_err(|Reported| ()) }
+        });
+        answer(&mut api, Method::GET, SECRET, 404, &status(404, "NotFound")).await;
+        answer(&mut api, Method::GET, MWC, 404, &status(404, "NotFound")).await;
+        let (request, send) = api.next_request().await.expect("a request");
+        assert_eq!(
+            (request.method(), request.uri().path()),
+            (&Method::POST, "/api/v1/namespaces/evi/secrets")
+        );
+        let sent = request.into_body().collect_bytes().await.unwrap();
+        let created: Value = serde_json::from_slice(&sent).unwrap();
+        let mut echoed = created.clone();
+        echoed["metadata"]["resourceVersion"] = "1".into();
+        let echoed = Body::from(serde_json::to_vec(&echoed).unwrap());
+        send.send_response(Response::builder().status(201).body(echoed).unwrap());
+        let wait = look.await.unwrap();
+        assert!(wait.is_ok(), "{wait:?}");
+        assert_eq!(errors(&ctx, "read-webhook-configuration"), 1);
+        assert_eq!(steps(&ctx, "created"), 1);
+        // What it wrote is what it serves.
+        use base64::Engine as _;
+        let crt = created["data"]["tls.crt"].as_str().unwrap();
+        let crt = base64::engine::general_purpose::STANDARD
+            .decode(crt)
+            .unwrap();
+        assert_eq!(served(&ctx), Some(crt));
+        assert!(ctx.state.tls_ready.load(Ordering::SeqCst));
+        assert_eq!(
+            ctx.state.metrics.ca_bundle_patches.get(),
+            0,
+            "nothing to patch"
+        );
+    }
 }

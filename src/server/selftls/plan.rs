@@ -17,16 +17,15 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::KeyPair;
 use rustls::{
     RootCertStore,
     client::{WebPkiServerVerifier, danger::ServerCertVerifier as _},
     crypto::ring::default_provider,
 };
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+use crate::server::certs::{self, Ca, from_pem as parse_certs, to_pem};
 
 pub const CA_CRT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
@@ -43,8 +42,6 @@ pub const RETIRE_AFTER: &str = "ephemeral-volumes.io/retire-after";
 /// Between every webhook configuration holding the next CA and serving a certificate from it:
 /// the API server's webhook clients follow a changed configuration within about a second.
 pub const SETTLE: i64 = 10;
-/// A serving certificate is backdated this much, for clocks a little behind ours.
-const BACKDATE: i64 = 300;
 
 /// Lifetimes and renewal thresholds, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,35 +54,79 @@ pub struct Policy {
     pub overlap: i64,
 }
 
+/// Thresholds that leave no room for a step (in seconds; shown as the flags take them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error(
+        "the serving certificate's renewal threshold ({}) must be positive and shorter than its lifetime ({})",
+        go_duration(*renew_before),
+        go_duration(*lifetime)
+    )]
+    Serving { renew_before: i64, lifetime: i64 },
+    #[error(
+        "the CA's renewal threshold ({}) must be shorter than its lifetime ({})",
+        go_duration(*renew_before),
+        go_duration(*lifetime)
+    )]
+    Ca { renew_before: i64, lifetime: i64 },
+    #[error(
+        "the CA's renewal threshold ({}) must be longer than the serving certificate's ({}) plus {SETTLE}s",
+        go_duration(*ca_renew_before),
+        go_duration(*cert_renew_before)
+    )]
+    CaBeforeServing {
+        ca_renew_before: i64,
+        cert_renew_before: i64,
+    },
+    #[error("the CA overlap must not be negative")]
+    NegativeOverlap,
+}
+
+/// Seconds as a Go duration, the form the flags take: `8760h`, `1h30m`, `45s`, `0s`.
+pub fn go_duration(seconds: i64) -> String {
+    let (sign, s) = if seconds < 0 {
+        ("-", -seconds)
+    } else {
+        ("", seconds)
+    };
+    let (h, m, s) = (s / 3600, s % 3600 / 60, s % 60);
+    let mut out = String::from(sign);
+    for (v, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if v > 0 {
+            out.push_str(&format!("{v}{unit}"));
+        }
+    }
+    if out.len() == sign.len() {
+        out.push_str("0s");
+    }
+    out
+}
+
 impl Policy {
     /// Checks that the thresholds leave room for each step; returns the first problem.
-    pub fn check(&self) -> Result<(), String> {
-        let d = |s: i64| format!("{s}s");
+    pub fn check(&self) -> Result<(), PolicyError> {
         if self.cert_renew_before <= 0 || self.cert_renew_before >= self.cert_lifetime {
-            return Err(format!(
-                "the serving certificate's renewal threshold ({}) must be positive and shorter than its lifetime ({})",
-                d(self.cert_renew_before),
-                d(self.cert_lifetime)
-            ));
+            return Err(PolicyError::Serving {
+                renew_before: self.cert_renew_before,
+                lifetime: self.cert_lifetime,
+            });
         }
         if self.ca_renew_before >= self.ca_lifetime {
-            return Err(format!(
-                "the CA's renewal threshold ({}) must be shorter than its lifetime ({})",
-                d(self.ca_renew_before),
-                d(self.ca_lifetime)
-            ));
+            return Err(PolicyError::Ca {
+                renew_before: self.ca_renew_before,
+                lifetime: self.ca_lifetime,
+            });
         }
         // The CA rotation must start while a serving certificate from the old CA still has
         // its whole renewal window ahead: one renewal, then the switch.
         if self.ca_renew_before <= self.cert_renew_before + SETTLE {
-            return Err(format!(
-                "the CA's renewal threshold ({}) must be longer than the serving certificate's ({}) plus {SETTLE}s",
-                d(self.ca_renew_before),
-                d(self.cert_renew_before)
-            ));
+            return Err(PolicyError::CaBeforeServing {
+                ca_renew_before: self.ca_renew_before,
+                cert_renew_before: self.cert_renew_before,
+            });
         }
         if self.overlap < 0 {
-            return Err("the CA overlap must not be negative".into());
+            return Err(PolicyError::NegativeOverlap);
         }
         Ok(())
     }
@@ -139,46 +180,57 @@ impl Step {
 /// Why a certificate cannot be made or used.
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
-    #[error("generating a certificate: {0}")]
-    Generate(#[from] rcgen::Error),
-    #[error("{what}: {message}")]
-    Unusable { what: &'static str, message: String },
+    #[error(transparent)]
+    Build(#[from] certs::CertsError),
+    /// A stored certificate, key or bundle that cannot be used, and why.
+    #[error("{what}: {problem}")]
+    Unusable {
+        /// Which: `CA`, `next CA`, `serving certificate`, `CA bundle`, `DNS name`.
+        what: &'static str,
+        /// Why.
+        #[source]
+        problem: Problem,
+    },
 }
 
-fn unusable(what: &'static str, message: impl std::fmt::Display) -> CertError {
+/// Why a stored certificate, key or bundle cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("absent")]
+    Absent,
+    #[error("not UTF-8: {0}")]
+    NotUtf8(#[from] std::string::FromUtf8Error),
+    #[error("no CERTIFICATE block")]
+    NoCertificate,
+    #[error(transparent)]
+    NotX509(#[from] certs::CertsError),
+    #[error("not a CA certificate")]
+    NotCa,
+    #[error("not valid now")]
+    NotValidNow,
+    #[error("no private key")]
+    NoKey,
+    #[error("the private key cannot be read: {0}")]
+    Key(#[from] rcgen::Error),
+    #[error("the private key is not the certificate's")]
+    KeyMismatch,
+    #[error(transparent)]
+    Load(#[from] crate::server::tls::TlsError),
+    #[error("no usable CA certificate")]
+    NoUsableCa,
+    #[error(transparent)]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
+    #[error(transparent)]
+    Name(#[from] rustls_pki_types::InvalidDnsNameError),
+    #[error(transparent)]
+    Rejected(#[from] rustls::Error),
+}
+
+fn unusable(what: &'static str, problem: impl Into<Problem>) -> CertError {
     CertError::Unusable {
         what,
-        message: message.to_string(),
+        problem: problem.into(),
     }
-}
-
-/// A CA from the Secret: its certificate, key, and expiry.
-struct Ca {
-    pem: String,
-    der: CertificateDer<'static>,
-    key: KeyPair,
-    not_after: i64,
-}
-
-fn parse_certs(pem: &[u8]) -> Vec<CertificateDer<'static>> {
-    CertificateDer::pem_slice_iter(pem)
-        .filter_map(Result::ok)
-        .collect()
-}
-
-/// (notBefore, notAfter, is a CA) of a DER certificate.
-fn validity(der: &[u8]) -> Option<(i64, i64, bool)> {
-    let (_, c) = x509_parser::parse_x509_certificate(der).ok()?;
-    let is_ca = c
-        .basic_constraints()
-        .ok()
-        .flatten()
-        .is_some_and(|b| b.value.ca);
-    Some((
-        c.validity().not_before.timestamp(),
-        c.validity().not_after.timestamp(),
-        is_ca,
-    ))
 }
 
 /// A CA pair that parses, is a CA, matches its key and is valid now.
@@ -187,35 +239,33 @@ fn read_ca(stored: &Stored, crt: &str, key: &str, now: i64) -> Result<Ca, CertEr
     let pem_bytes = stored
         .data
         .get(crt)
-        .ok_or_else(|| unusable(what, "absent"))?;
+        .ok_or_else(|| unusable(what, Problem::Absent))?;
     let pem = String::from_utf8(pem_bytes.clone()).map_err(|e| unusable(what, e))?;
     let der = parse_certs(pem_bytes)
         .into_iter()
         .next()
-        .ok_or_else(|| unusable(what, "no CERTIFICATE block"))?;
-    let (not_before, not_after, is_ca) =
-        validity(&der).ok_or_else(|| unusable(what, "not an X.509 certificate"))?;
-    if !is_ca {
-        return Err(unusable(what, "not a CA certificate"));
+        .ok_or_else(|| unusable(what, Problem::NoCertificate))?;
+    let info = certs::read(&der).map_err(|e| unusable(what, e))?;
+    if !info.is_ca {
+        return Err(unusable(what, Problem::NotCa));
     }
-    if now < not_before || now >= not_after {
-        return Err(unusable(what, "not valid now"));
+    if now < info.not_before || now >= info.not_after {
+        return Err(unusable(what, Problem::NotValidNow));
     }
     let key_pem = stored
         .data
         .get(key)
         .and_then(|k| std::str::from_utf8(k).ok())
-        .ok_or_else(|| unusable(what, "no private key"))?;
+        .ok_or_else(|| unusable(what, Problem::NoKey))?;
     let key = KeyPair::from_pem(key_pem).map_err(|e| unusable(what, e))?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(&der).map_err(|e| unusable(what, e))?;
-    if parsed.public_key().raw != rcgen::PublicKeyData::subject_public_key_info(&key).as_slice() {
-        return Err(unusable(what, "the private key is not the certificate's"));
+    if info.public_key != rcgen::PublicKeyData::subject_public_key_info(&key) {
+        return Err(unusable(what, Problem::KeyMismatch));
     }
     Ok(Ca {
         pem,
         der,
         key,
-        not_after,
+        not_after: info.not_after,
     })
 }
 
@@ -235,7 +285,7 @@ fn verify(leaf: &CertificateDer<'_>, bundle: &[u8], name: &str, now: i64) -> Res
         let _ = roots.add(der);
     }
     if roots.is_empty() {
-        return Err(unusable("CA bundle", "no usable CA certificate"));
+        return Err(unusable("CA bundle", Problem::NoUsableCa));
     }
     let verifier =
         WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::new(default_provider()))
@@ -267,17 +317,17 @@ fn serving_against(
     let cert_pem = stored
         .data
         .get(TLS_CRT)
-        .ok_or_else(|| unusable(what, "absent"))?;
+        .ok_or_else(|| unusable(what, Problem::Absent))?;
     let key_pem = stored
         .data
         .get(TLS_KEY)
-        .ok_or_else(|| unusable(what, "no private key"))?;
+        .ok_or_else(|| unusable(what, Problem::NoKey))?;
     let loaded = crate::server::tls::load_pem(cert_pem, key_pem).map_err(|e| unusable(what, e))?;
     let leaf = loaded
         .key
         .cert
         .first()
-        .ok_or_else(|| unusable(what, "empty"))?;
+        .ok_or_else(|| unusable(what, Problem::NoCertificate))?;
     for name in names {
         verify(leaf, bundle, name, now)?;
     }
@@ -294,80 +344,13 @@ pub fn bundle(stored: &Stored) -> Option<Vec<u8>> {
     let pem = stored.data.get(BUNDLE)?;
     let ders = parse_certs(pem);
     let ca = parse_certs(stored.data.get(CA_CRT)?).into_iter().next()?;
-    let all_parse = ders.iter().all(|d| validity(d).is_some());
+    let all_parse = ders.iter().all(|d| certs::read(d).is_ok());
     (all_parse && ders.contains(&ca)).then(|| pem.clone())
 }
 
 /// Unix time of `key` in the annotations.
 fn time_annotation(stored: &Stored, key: &str) -> Option<i64> {
     stored.annotations.get(key)?.parse().ok()
-}
-
-fn at(unix: i64) -> Result<time::OffsetDateTime, CertError> {
-    time::OffsetDateTime::from_unix_timestamp(unix).map_err(|e| unusable("time", e))
-}
-
-/// A new CA valid from `now` for `lifetime` seconds.
-fn new_ca(now: i64, lifetime: i64, name: &str) -> Result<Ca, CertError> {
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params.not_before = at(now - BACKDATE)?;
-    params.not_after = at(now + lifetime)?;
-    let cert = params.self_signed(&key)?;
-    Ok(Ca {
-        pem: cert.pem(),
-        der: cert.der().clone(),
-        key,
-        not_after: now + lifetime,
-    })
-}
-
-/// A serving certificate for `names` signed by `ca`, valid for `lifetime` but never past the CA.
-fn new_serving(
-    ca: &Ca,
-    names: &[String],
-    now: i64,
-    lifetime: i64,
-) -> Result<(String, String), CertError> {
-    let issuer = Issuer::from_ca_cert_der(&ca.der, &ca.key)?;
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(names.to_vec())?;
-    params.distinguished_name.push(
-        DnType::CommonName,
-        names
-            .first()
-            .map(String::as_str)
-            .unwrap_or("ephemeral-volume-injector"),
-    );
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.use_authority_key_identifier_extension = true;
-    params.not_before = at(now - BACKDATE)?;
-    params.not_after = at((now + lifetime).min(ca.not_after))?;
-    let cert = params.signed_by(&key, &issuer)?;
-    Ok((cert.pem(), key.serialize_pem()))
-}
-
-fn pem_of(ders: &[CertificateDer<'_>]) -> Vec<u8> {
-    use base64::Engine as _;
-    let mut out = String::new();
-    for der in ders {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
-        out.push_str("-----BEGIN CERTIFICATE-----\n");
-        for chunk in b64.as_bytes().chunks(64) {
-            out.push_str(&String::from_utf8_lossy(chunk));
-            out.push('\n');
-        }
-        out.push_str("-----END CERTIFICATE-----\n");
-    }
-    out.into_bytes()
 }
 
 /// The CAs worth keeping from PEM bundles: parse, are CAs, valid now; each once, in order.
@@ -378,7 +361,8 @@ fn usable_cas<'a>(
     let mut out: Vec<CertificateDer<'static>> = Vec::new();
     for pem in bundles {
         for der in parse_certs(pem) {
-            let ok = validity(&der).is_some_and(|(nb, na, ca)| ca && nb <= now && now < na);
+            let ok = certs::read(&der)
+                .is_ok_and(|i| i.is_ca && i.not_before <= now && now < i.not_after);
             if ok && !out.contains(&der) {
                 out.push(der);
             }
@@ -387,7 +371,107 @@ fn usable_cas<'a>(
     out
 }
 
-/// The next state of the Secret, or `None` when it is as it should be.
+/// Where a CA rotation stands, read from the Secret.
+enum Rotation {
+    /// No next CA: the signing CA signs until it is due for renewal.
+    Steady,
+    /// The next CA is in the bundle, not yet seen in every webhook configuration.
+    NextDistributed(Ca),
+    /// Every webhook configuration was seen holding the next CA at `since`.
+    NextTrusted { next: Ca, since: i64 },
+}
+
+/// Whether the stored bundle is what the Secret's CAs call for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BundleState {
+    /// As it must be.
+    Exact,
+    /// Old CAs whose time to leave has come.
+    Retiring { count: usize },
+    /// Lacking the signing or next CA, holding something unusable, or an old CA without a
+    /// time to leave (or such a time without an old CA).
+    Off,
+}
+
+/// The Secret, parsed once.
+enum Phase {
+    /// No usable CA: start over.
+    Empty { why: &'static str },
+    /// A signing CA.
+    Held(Box<Held>),
+}
+
+/// A Secret with a usable signing CA.
+struct Held {
+    ca: Ca,
+    rotation: Rotation,
+    bundle: BundleState,
+    /// The CAs in the stored bundle other than the signing and next ones, in order.
+    olds: Vec<CertificateDer<'static>>,
+}
+
+impl Held {
+    /// The bundle's CAs that sign or will: the signing CA, then the next one.
+    fn signing(&self) -> Vec<CertificateDer<'static>> {
+        let mut cas = vec![self.ca.der.clone()];
+        if let Rotation::NextDistributed(next) | Rotation::NextTrusted { next, .. } = &self.rotation
+        {
+            cas.push(next.der.clone());
+        }
+        cas
+    }
+}
+
+impl Phase {
+    fn read(stored: &Stored, now: i64) -> Phase {
+        let Ok(ca) = read_ca(stored, CA_CRT, CA_KEY, now) else {
+            let why = if stored.data.is_empty() {
+                "no CA stored"
+            } else {
+                "the stored CA is unusable"
+            };
+            return Phase::Empty { why };
+        };
+        let rotation = match read_ca(stored, NEXT_CRT, NEXT_KEY, now) {
+            Err(_) => Rotation::Steady,
+            Ok(next) => match time_annotation(stored, TRUSTED_SINCE) {
+                None => Rotation::NextDistributed(next),
+                Some(since) => Rotation::NextTrusted { next, since },
+            },
+        };
+        let mut held = Held {
+            ca,
+            rotation,
+            bundle: BundleState::Exact,
+            olds: Vec::new(),
+        };
+        let signing = held.signing();
+        held.olds = usable_cas(stored.data.get(BUNDLE).map(Vec::as_slice), now)
+            .into_iter()
+            .filter(|d| !signing.contains(d))
+            .collect();
+        let retire_after = time_annotation(stored, RETIRE_AFTER);
+        let all = [signing, held.olds.clone()].concat();
+        held.bundle = if retire_after.is_some_and(|t| now >= t) && !held.olds.is_empty() {
+            BundleState::Retiring {
+                count: held.olds.len(),
+            }
+        } else if !stored
+            .data
+            .get(BUNDLE)
+            .is_some_and(|b| parse_certs(b) == all)
+            || held.olds.is_empty() == retire_after.is_some()
+        {
+            BundleState::Off
+        } else {
+            BundleState::Exact
+        };
+        Phase::Held(Box::new(held))
+    }
+}
+
+/// The next state of the Secret, or `None` when it is as it should be: the Secret's phase,
+/// then one short step for it.
 ///
 /// `live` holds each webhook's `caBundle` as the API server has it (PEM; empty when unset).
 /// `names` are the serving certificate's DNS names (or IP addresses), the first one checked.
@@ -401,139 +485,185 @@ pub fn plan(
 ) -> Result<Option<(Step, Stored)>, CertError> {
     let empty = Stored::default();
     let old = stored.unwrap_or(&empty);
-    let mut next = old.clone();
+    let step = Steps {
+        old,
+        names,
+        policy,
+        now,
+        ca_name,
+    };
+    let held = match Phase::read(old, now) {
+        Phase::Empty { why } => return step.create(live, why).map(Some),
+        Phase::Held(held) => held,
+    };
+    // Every webhook configuration holds this CA.
+    let everywhere =
+        |ca: &Ca| !live.is_empty() && live.iter().all(|b| parse_certs(b).contains(&ca.der));
+    Ok(match (&held.bundle, &held.rotation) {
+        (BundleState::Retiring { count }, _) => Some(step.retire(&held, *count)),
+        (BundleState::Off, _) => Some(step.repair_bundle(&held)),
+        (BundleState::Exact, Rotation::Steady)
+            if held.ca.not_after - now <= policy.ca_renew_before =>
+        {
+            Some(step.add_next(&held)?)
+        }
+        (BundleState::Exact, Rotation::NextDistributed(next)) if everywhere(next) => {
+            Some(step.trust_next())
+        }
+        // A configuration lost the next CA after it was seen everywhere (a stale write, a
+        // sync): the settle time starts again once it is back.
+        (BundleState::Exact, Rotation::NextTrusted { next, .. }) if !everywhere(next) => {
+            Some(step.untrust_next())
+        }
+        (BundleState::Exact, Rotation::NextTrusted { next, since }) if now >= since + SETTLE => {
+            Some(step.switch(&held, next)?)
+        }
+        // Steady and not due, the next CA not yet everywhere or settling: only the serving
+        // certificate may need a step.
+        (BundleState::Exact, _) => step.renew_serving(&held)?,
+    })
+}
 
-    let Ok(ca) = read_ca(old, CA_CRT, CA_KEY, now) else {
-        // Nothing usable: start over, keeping trusted whatever the API server trusts now
-        // (another mode's CA during an upgrade, or this mode's last good bundle).
-        let why = if old.data.is_empty() {
-            "no CA stored"
-        } else {
-            "the stored CA is unusable"
-        };
-        let ca = new_ca(now, policy.ca_lifetime, ca_name)?;
-        let (crt, key) = new_serving(&ca, names, now, policy.cert_lifetime)?;
-        let mut adopted = usable_cas(live.iter().map(Vec::as_slice), now);
+/// The steps [`plan`] takes, each from the stored Secret to the next.
+struct Steps<'a> {
+    old: &'a Stored,
+    names: &'a [String],
+    policy: &'a Policy,
+    now: i64,
+    ca_name: &'a str,
+}
+
+impl Steps<'_> {
+    /// Nothing usable: start over, keeping trusted whatever the API server trusts now
+    /// (another mode's CA during an upgrade, or this mode's last good bundle).
+    fn create(&self, live: &[Vec<u8>], why: &'static str) -> Result<(Step, Stored), CertError> {
+        let ca = certs::new_ca(self.ca_name, self.now, self.policy.ca_lifetime)?;
+        let (crt, key) = certs::new_serving(&ca, self.names, self.now, self.policy.cert_lifetime)?;
+        let mut adopted = usable_cas(live.iter().map(Vec::as_slice), self.now);
         adopted.retain(|d| *d != ca.der);
-        let mut all = vec![ca.der.clone()];
-        all.extend(adopted.iter().cloned());
+        let mut next = self.old.clone();
         next.data = BTreeMap::from([
             (CA_CRT.into(), ca.pem.clone().into_bytes()),
             (CA_KEY.into(), ca.key.serialize_pem().into_bytes()),
             (TLS_CRT.into(), crt.into_bytes()),
             (TLS_KEY.into(), key.into_bytes()),
-            (BUNDLE.into(), pem_of(&all)),
+            (
+                BUNDLE.into(),
+                to_pem(&[vec![ca.der.clone()], adopted.clone()].concat()),
+            ),
         ]);
         next.annotations.remove(TRUSTED_SINCE);
         next.annotations.remove(RETIRE_AFTER);
         if !adopted.is_empty() {
-            next.annotations
-                .insert(RETIRE_AFTER.into(), (now + policy.overlap).to_string());
+            next.annotations.insert(
+                RETIRE_AFTER.into(),
+                (self.now + self.policy.overlap).to_string(),
+            );
         }
         let step = Step::Created {
             adopted: adopted.len(),
             why,
         };
-        return Ok(Some((step, next)));
-    };
-    let next_ca = read_ca(old, NEXT_CRT, NEXT_KEY, now).ok();
-
-    // The bundle as it must be: the signing CA, the next one, and unretired old ones.
-    let stored_bundle = usable_cas(old.data.get(BUNDLE).map(Vec::as_slice), now);
-    let retire_after = time_annotation(old, RETIRE_AFTER);
-    let retiring = retire_after.is_some_and(|t| now >= t);
-    let mut want = vec![ca.der.clone()];
-    if let Some(n) = &next_ca {
-        want.push(n.der.clone());
+        Ok((step, next))
     }
-    let olds: Vec<_> = stored_bundle
-        .iter()
-        .filter(|d| !want.contains(d))
-        .cloned()
-        .collect();
-    if retiring && !olds.is_empty() {
-        next.data.insert(BUNDLE.into(), pem_of(&want));
+
+    /// The overlap has passed: the old CAs leave the bundle.
+    fn retire(&self, held: &Held, count: usize) -> (Step, Stored) {
+        let mut next = self.old.clone();
+        next.data.insert(BUNDLE.into(), to_pem(&held.signing()));
         next.annotations.remove(RETIRE_AFTER);
-        return Ok(Some((Step::OldCasRemoved { count: olds.len() }, next)));
-    }
-    want.extend(olds.iter().cloned());
-    let bundle_ok = old.data.get(BUNDLE).is_some_and(|b| parse_certs(b) == want);
-    // Every CA that no longer signs has a time to leave; none stays without one.
-    if !bundle_ok || olds.is_empty() == retire_after.is_some() {
-        next.data.insert(BUNDLE.into(), pem_of(&want));
-        if olds.is_empty() {
-            next.annotations.remove(RETIRE_AFTER);
-        } else if retire_after.is_none() {
-            next.annotations
-                .insert(RETIRE_AFTER.into(), (now + policy.overlap).to_string());
-        }
-        return Ok(Some((Step::BundleRepaired, next)));
+        (Step::OldCasRemoved { count }, next)
     }
 
-    if let Some(n) = next_ca {
-        let everywhere = !live.is_empty() && live.iter().all(|b| parse_certs(b).contains(&n.der));
-        match time_annotation(old, TRUSTED_SINCE) {
-            None if everywhere => {
-                next.annotations
-                    .insert(TRUSTED_SINCE.into(), now.to_string());
-                return Ok(Some((Step::NextCaTrusted, next)));
-            }
-            Some(since) if everywhere && now >= since + SETTLE => {
-                let (crt, key) = new_serving(&n, names, now, policy.cert_lifetime)?;
-                let mut all = vec![n.der.clone(), ca.der.clone()];
-                all.extend(olds);
-                next.data.insert(CA_CRT.into(), n.pem.into_bytes());
-                next.data
-                    .insert(CA_KEY.into(), n.key.serialize_pem().into_bytes());
-                next.data.remove(NEXT_CRT);
-                next.data.remove(NEXT_KEY);
-                next.data.insert(TLS_CRT.into(), crt.into_bytes());
-                next.data.insert(TLS_KEY.into(), key.into_bytes());
-                next.data.insert(BUNDLE.into(), pem_of(&all));
-                next.annotations.remove(TRUSTED_SINCE);
-                next.annotations
-                    .insert(RETIRE_AFTER.into(), (now + policy.overlap).to_string());
-                return Ok(Some((Step::CaSwitched, next)));
-            }
-            // A configuration lost the next CA after it was seen everywhere (a stale write, a
-            // sync): the settle time starts again once it is back.
-            Some(_) if !everywhere => {
-                next.annotations.remove(TRUSTED_SINCE);
-                return Ok(Some((Step::NextCaUntrusted, next)));
-            }
-            // Not yet everywhere (the configurations are being patched), or settling.
-            _ => {}
+    /// The bundle as the CAs call for; every CA that no longer signs has a time to leave,
+    /// and none stays without one.
+    fn repair_bundle(&self, held: &Held) -> (Step, Stored) {
+        let mut next = self.old.clone();
+        next.data.insert(
+            BUNDLE.into(),
+            to_pem(&[held.signing(), held.olds.clone()].concat()),
+        );
+        if held.olds.is_empty() {
+            next.annotations.remove(RETIRE_AFTER);
+        } else if !next.annotations.contains_key(RETIRE_AFTER) {
+            next.annotations.insert(
+                RETIRE_AFTER.into(),
+                (self.now + self.policy.overlap).to_string(),
+            );
         }
-    } else if ca.not_after - now <= policy.ca_renew_before {
-        let n = new_ca(now, policy.ca_lifetime, ca_name)?;
-        let mut all = want.clone();
-        all.insert(1, n.der.clone());
+        (Step::BundleRepaired, next)
+    }
+
+    /// The CA is due: a next CA joins the bundle, right after the signing one.
+    fn add_next(&self, held: &Held) -> Result<(Step, Stored), CertError> {
+        let n = certs::new_ca(self.ca_name, self.now, self.policy.ca_lifetime)?;
+        let mut next = self.old.clone();
+        let all = [vec![held.ca.der.clone(), n.der.clone()], held.olds.clone()].concat();
         next.data.insert(NEXT_CRT.into(), n.pem.into_bytes());
         next.data
             .insert(NEXT_KEY.into(), n.key.serialize_pem().into_bytes());
-        next.data.insert(BUNDLE.into(), pem_of(&all));
+        next.data.insert(BUNDLE.into(), to_pem(&all));
         next.annotations.remove(TRUSTED_SINCE);
-        return Ok(Some((Step::NextCaAdded, next)));
+        Ok((Step::NextCaAdded, next))
     }
 
-    // The serving certificate, from the signing CA.
-    let why = match serving_state(old, &ca, names, now) {
-        Err(why) => Some(why),
-        Ok(not_after) if not_after - now <= policy.cert_renew_before => {
-            // Renew only if a new one would last longer (the CA bounds it): no write loop
-            // near the CA's end while its rotation waits.
-            let would_end = (now + policy.cert_lifetime).min(ca.not_after);
-            (would_end > not_after).then_some("due for renewal")
-        }
-        Ok(_) => None,
-    };
-    if let Some(why) = why {
-        let (crt, key) = new_serving(&ca, names, now, policy.cert_lifetime)?;
+    /// Every webhook configuration holds the next CA: the settle time starts.
+    fn trust_next(&self) -> (Step, Stored) {
+        let mut next = self.old.clone();
+        next.annotations
+            .insert(TRUSTED_SINCE.into(), self.now.to_string());
+        (Step::NextCaTrusted, next)
+    }
+
+    fn untrust_next(&self) -> (Step, Stored) {
+        let mut next = self.old.clone();
+        next.annotations.remove(TRUSTED_SINCE);
+        (Step::NextCaUntrusted, next)
+    }
+
+    /// Settled: the next CA signs a new serving certificate and becomes the CA; the old one
+    /// stays in the bundle for the overlap.
+    fn switch(&self, held: &Held, n: &Ca) -> Result<(Step, Stored), CertError> {
+        let (crt, key) = certs::new_serving(n, self.names, self.now, self.policy.cert_lifetime)?;
+        let mut next = self.old.clone();
+        let all = [vec![n.der.clone(), held.ca.der.clone()], held.olds.clone()].concat();
+        next.data.insert(CA_CRT.into(), n.pem.clone().into_bytes());
+        next.data
+            .insert(CA_KEY.into(), n.key.serialize_pem().into_bytes());
+        next.data.remove(NEXT_CRT);
+        next.data.remove(NEXT_KEY);
         next.data.insert(TLS_CRT.into(), crt.into_bytes());
         next.data.insert(TLS_KEY.into(), key.into_bytes());
-        return Ok(Some((Step::ServingRenewed { why }, next)));
+        next.data.insert(BUNDLE.into(), to_pem(&all));
+        next.annotations.remove(TRUSTED_SINCE);
+        next.annotations.insert(
+            RETIRE_AFTER.into(),
+            (self.now + self.policy.overlap).to_string(),
+        );
+        Ok((Step::CaSwitched, next))
     }
-    Ok(None)
+
+    /// A new serving certificate from the signing CA when the stored one is unusable or due.
+    fn renew_serving(&self, held: &Held) -> Result<Option<(Step, Stored)>, CertError> {
+        let now = self.now;
+        let why = match serving_state(self.old, &held.ca, self.names, now) {
+            Err(why) => why,
+            // Renew only if a new one would last longer (the CA bounds it): no write loop
+            // near the CA's end while its rotation waits.
+            Ok(not_after)
+                if not_after - now <= self.policy.cert_renew_before
+                    && (now + self.policy.cert_lifetime).min(held.ca.not_after) > not_after =>
+            {
+                "due for renewal"
+            }
+            Ok(_) => return Ok(None),
+        };
+        let (crt, key) = certs::new_serving(&held.ca, self.names, now, self.policy.cert_lifetime)?;
+        let mut next = self.old.clone();
+        next.data.insert(TLS_CRT.into(), crt.into_bytes());
+        next.data.insert(TLS_KEY.into(), key.into_bytes());
+        Ok(Some((Step::ServingRenewed { why }, next)))
+    }
 }
 
 /// The serving certificate's expiry if it is the signing CA's, for every name, and valid now.
@@ -551,7 +681,7 @@ fn serving_state(
 /// The expiry of the first certificate under `key`, if it parses.
 fn not_after(stored: &Stored, key: &str) -> Option<i64> {
     let der = parse_certs(stored.data.get(key)?).into_iter().next()?;
-    validity(&der).map(|(_, not_after, _)| not_after)
+    certs::read(&der).ok().map(|i| i.not_after)
 }
 
 /// The signing CA's expiry, if it parses.
@@ -752,6 +882,56 @@ mod tests {
         );
     }
 
+    /// The phase each step of a rotation leaves the Secret in, as `plan` reads it back.
+    fn phase(stored: &Stored, now: i64) -> (&'static str, BundleState) {
+        match Phase::read(stored, now) {
+            Phase::Empty { why } => (why, BundleState::Off),
+            Phase::Held(h) => {
+                let rotation = match h.rotation {
+                    Rotation::Steady => "steady",
+                    Rotation::NextDistributed(_) => "next distributed",
+                    Rotation::NextTrusted { .. } => "next trusted",
+                };
+                (rotation, h.bundle)
+            }
+        }
+    }
+
+    #[test]
+    fn each_step_of_a_rotation_leaves_the_phase_the_next_step_starts_from() {
+        assert_eq!(phase(&Stored::default(), T0).0, "no CA stored");
+        let (_, stored) = step(None, &[], T0).unwrap();
+        assert_eq!(phase(&stored, T0), ("steady", BundleState::Exact));
+        let due = T0 + POLICY.ca_lifetime - POLICY.ca_renew_before;
+        let (_, stored) = step(Some(&stored), &[], due - 1).unwrap(); // serving renewed
+        let (s, added) = step(Some(&stored), &[], due).unwrap();
+        assert_eq!(s, Step::NextCaAdded);
+        assert_eq!(phase(&added, due), ("next distributed", BundleState::Exact));
+        let both = bundle(&added).unwrap();
+        let (_, trusted) = step(Some(&added), &[&both], due + 1).unwrap();
+        assert_eq!(
+            phase(&trusted, due + 1),
+            ("next trusted", BundleState::Exact)
+        );
+        let (s, switched) = step(Some(&trusted), &[&both], due + 1 + SETTLE).unwrap();
+        assert_eq!(s, Step::CaSwitched);
+        assert_eq!(
+            phase(&switched, due + 1 + SETTLE),
+            ("steady", BundleState::Exact)
+        );
+        let end = due + 1 + SETTLE + POLICY.overlap;
+        assert_eq!(
+            phase(&switched, end),
+            ("steady", BundleState::Retiring { count: 1 })
+        );
+        let (_, retired) = step(Some(&switched), &[&both], end).unwrap();
+        assert_eq!(phase(&retired, end), ("steady", BundleState::Exact));
+        // A bundle edited by hand (the old CA back, without its time to leave): off.
+        let mut edited = retired.clone();
+        edited.data.insert(BUNDLE.into(), both.clone());
+        assert_eq!(phase(&edited, end), ("steady", BundleState::Off));
+    }
+
     #[test]
     fn the_serving_certificate_is_renewed_from_the_same_ca_before_it_expires() {
         let (_, stored) = step(None, &[], T0).unwrap();
@@ -813,10 +993,25 @@ mod tests {
         mismatched
             .data
             .insert(TLS_KEY.into(), other.data[TLS_KEY].clone());
-        assert!(serving(&mismatched, &names(), T0).is_err());
+        assert!(
+            matches!(
+                serving(&mismatched, &names(), T0),
+                Err(CertError::Unusable {
+                    what: "serving certificate",
+                    problem: Problem::Load(crate::server::tls::TlsError::Mismatch)
+                })
+            ),
+            "another pair's key is named as such"
+        );
 
         // A certificate for other names: not served, reissued.
-        assert!(serving(&good, &["other.example".into()], T0).is_err());
+        assert!(matches!(
+            serving(&good, &["other.example".into()], T0),
+            Err(CertError::Unusable {
+                problem: Problem::Rejected(_),
+                ..
+            })
+        ));
         let (s, _) = plan(
             Some(&good),
             std::slice::from_ref(&b),
@@ -880,28 +1075,61 @@ mod tests {
 
     #[test]
     fn thresholds_that_leave_no_room_are_refused() {
-        assert!(POLICY.check().is_ok());
+        assert_eq!(POLICY.check(), Ok(()));
         let bad = |p: Policy| p.check().unwrap_err();
-        assert!(
+        assert_eq!(
             bad(Policy {
                 cert_renew_before: 300,
                 ..POLICY
-            })
-            .contains("serving certificate")
+            }),
+            PolicyError::Serving {
+                renew_before: 300,
+                lifetime: 300
+            }
         );
-        assert!(
+        assert_eq!(
             bad(Policy {
                 ca_renew_before: 1000,
                 ..POLICY
-            })
-            .contains("CA's renewal threshold")
+            }),
+            PolicyError::Ca {
+                renew_before: 1000,
+                lifetime: 1000
+            }
         );
-        assert!(
+        assert_eq!(
             bad(Policy {
                 ca_renew_before: 105,
                 ..POLICY
-            })
-            .contains("plus 10s")
+            }),
+            PolicyError::CaBeforeServing {
+                ca_renew_before: 105,
+                cert_renew_before: 100
+            }
         );
+        assert_eq!(
+            bad(Policy {
+                overlap: -1,
+                ..POLICY
+            }),
+            PolicyError::NegativeOverlap
+        );
+        // Shown as the flags take them: hours as hours, not seconds.
+        let msg = bad(Policy {
+            ca_lifetime: 8760 * 3600,
+            ca_renew_before: 8760 * 3600,
+            cert_lifetime: 2160 * 3600,
+            cert_renew_before: 720 * 3600,
+            overlap: 3600,
+        })
+        .to_string();
+        assert!(
+            msg.contains("(8760h) must be shorter than its lifetime (8760h)"),
+            "{msg}"
+        );
+        assert_eq!(go_duration(5400), "1h30m");
+        assert_eq!(go_duration(45), "45s");
+        assert_eq!(go_duration(0), "0s");
+        assert_eq!(go_duration(3601), "1h1s");
     }
 }
