@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -18,6 +19,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+import certs  # noqa: E402 - the tests' one certificate helper, after the path above
+
 CHART = ROOT / "charts" / "ephemeral-volume-injector"
 BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
 HELM = os.environ.get("HELM") or shutil.which("helm") or str(Path.home() / ".cache/evi-tools/bin/helm")
@@ -242,15 +246,41 @@ def workload_webhooks(docs):
     return {w["name"].split(".")[0]: w for w in by_kind(docs, "ValidatingWebhookConfiguration")[0]["webhooks"]}
 
 
+def test_the_workload_webhooks_cover_exactly_the_kinds_the_binary_checks_at_their_template():
+    """The binary's table of pod controllers (`print-workloads`, from k8s-openapi's types) is
+    the one source: every kind's (group, resource) is in exactly one workload webhook's rules,
+    that webhook's CEL reads the template where the table says the kind keeps it, and no rule
+    sends a resource the binary would not decide on (it would admit it unread)."""
+    table = json.loads(subprocess.run([str(BINARY), "print-workloads"], capture_output=True, text=True,
+                                      check=True).stdout)
+    assert {w["kind"] for w in table} >= {"Job", "CronJob", "Deployment"}
+    hooks = workload_webhooks(render())
+    sent = {}
+    for name, w in hooks.items():
+        for rule in w["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    assert (group, resource) not in sent, f"{group}/{resource} in {sent[(group, resource)]} and {name}"
+                    sent[(group, resource)] = name
+    assert set(sent) == {(w["group"], w["resource"]) for w in table}
+    for w in table:
+        hook = hooks[sent[(w["group"], w["resource"])]]
+        conditions = {c["name"]: c["expression"] for c in hook["matchConditions"]}
+        cel = w["templateCel"]
+        assert f"has({cel}.metadata)" in conditions["template-asks-for-volumes"], (w["kind"], cel)
+        assert f"{cel}.metadata.annotations.exists(" in conditions["template-asks-for-volumes"], (w["kind"], cel)
+        # The UPDATE condition compares the template's parent, at or above the template.
+        changed = conditions["creates-or-changes-the-template"]
+        parent = changed.rsplit(" != ", 1)[0].rsplit(" || ", 1)[1]
+        assert cel.startswith(parent), (w["kind"], parent, cel)
+
+
 def test_the_workload_webhook_is_scoped_like_the_pod_webhook():
     docs = render("--set", "webhook.excludeNamespaces={monitoring}", "--set", "webhook.failurePolicy=Ignore",
                   values=NEXTFLOW_VALUES, ns="platform")
     pods = webhook(docs)
     hooks = workload_webhooks(docs)
     assert set(hooks) == {"workloads", "cronjobs"}
-    resources = {r for w in hooks.values() for rule in w["rules"] for r in rule["resources"]}
-    assert resources == {"jobs", "cronjobs", "deployments", "statefulsets", "daemonsets", "replicasets",
-                         "replicationcontrollers"}
     for w in hooks.values():
         assert w["namespaceSelector"] == pods["namespaceSelector"]
         assert (w["failurePolicy"], w["timeoutSeconds"]) == (pods["failurePolicy"], pods["timeoutSeconds"])
@@ -439,11 +469,9 @@ def test_tls_modes():
     assert secret["type"] == "kubernetes.io/tls"
     ca = secret["data"]["ca.crt"]
     assert webhook(docs)["clientConfig"]["caBundle"] == ca
-    cert = base64.b64decode(secret["data"]["tls.crt"])
-    p = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=cert, capture_output=True)
-    sans = p.stdout.decode()
-    assert "DNS:evi-ephemeral-volume-injector.evi-system.svc" in sans
-    assert "DNS:evi-ephemeral-volume-injector.evi-system.svc.cluster.local" in sans
+    sans = certs.sans(base64.b64decode(secret["data"]["tls.crt"]))
+    assert "evi-ephemeral-volume-injector.evi-system.svc" in sans
+    assert "evi-ephemeral-volume-injector.evi-system.svc.cluster.local" in sans
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
     docs = render("--set", "tls.mode=certManager")
@@ -462,6 +490,33 @@ def test_tls_modes():
     assert vol["secret"]["secretName"] == "my-tls"
     p = render("--set", "tls.mode=existingSecret", "--set", "tls.existingSecret=my-tls", check=False)
     assert p.returncode != 0 and "tls.caBundle" in p.stderr
+
+
+def certificate_names(docs, mode):
+    """The names the serving certificate of this render is for, in the chart's order."""
+    if mode == "helm":
+        (secret,) = [d for d in docs if d["kind"] == "Secret"]
+        return certs.sans(base64.b64decode(secret["data"]["tls.crt"]))
+    if mode == "certManager":
+        (serving,) = [d for d in docs if d["kind"] == "Certificate" and d["metadata"]["name"].endswith("-serving")]
+        return serving["spec"]["dnsNames"] + serving["spec"].get("ipAddresses", [])
+    (arg,) = [a for a in deployment(docs)["spec"]["template"]["spec"]["containers"][0]["args"]
+              if a.startswith("--tls-name=")]
+    return arg.split("=", 1)[1].split(",")
+
+
+@pytest.mark.parametrize("mode", ["helm", "certManager", "selfManaged"])
+@pytest.mark.parametrize("url,host", [(None, None), ("https://10.0.0.7:8443/mutate", "10.0.0.7"),
+                                      ("https://evi.example.org:8443/mutate", "evi.example.org")])
+def test_every_tls_mode_issues_the_same_names_the_service_first_and_webhook_urls_host(mode, url, host):
+    """One list of names (the evi.tlsNames helper) for the three modes whose certificate the
+    chart shapes: the Service's name the API server checks first, then its other forms, then
+    webhook.url's host. certManager used to leave the URL's host out: a webhook reached by
+    URL then failed its TLS handshake."""
+    docs = render("--set", f"tls.mode={mode}", *(["--set", f"webhook.url={url}"] if url else []))
+    svc = "evi-ephemeral-volume-injector.evi-system.svc"
+    expected = [svc, f"{svc}.cluster.local", "evi-ephemeral-volume-injector", "evi-ephemeral-volume-injector.evi-system"]
+    assert certificate_names(docs, mode) == expected + ([host] if host else [])
 
 
 def test_self_managed_tls_renders_the_same_bytes_every_time_with_no_key_and_no_ca_bundle():
@@ -530,15 +585,13 @@ def test_webhook_url_points_the_api_server_outside_the_cluster():
     assert "service" not in client
     # tls.mode=helm: the URL's host is in the generated certificate, IP or name.
     secret = by_kind(docs, "Secret")[0]
-    for url, san in [("https://127.0.0.1:9443/mutate", "IP Address:127.0.0.1"),
-                     ("https://evi.dev.example.com/mutate", "DNS:evi.dev.example.com")]:
+    for url, san in [("https://127.0.0.1:9443/mutate", "127.0.0.1"),
+                     ("https://evi.dev.example.com/mutate", "evi.dev.example.com")]:
         docs = render("--set", f"webhook.url={url}")
         secret = by_kind(docs, "Secret")[0]
-        cert = base64.b64decode(secret["data"]["tls.crt"])
-        p = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=cert, capture_output=True)
-        sans = p.stdout.decode()
+        sans = certs.sans(base64.b64decode(secret["data"]["tls.crt"]))
         assert san in sans, sans
-        assert "DNS:evi-ephemeral-volume-injector.evi-system.svc" in sans
+        assert "evi-ephemeral-volume-injector.evi-system.svc" in sans
     assert "url" not in webhook(render())["clientConfig"]
 
 
@@ -643,7 +696,10 @@ def test_match_expressions_operators_evaluate_like_label_selectors():
         {"key": "c", "operator": "DoesNotExist"},
     ]}, "volumes": {"tmp": "type=emptyDir,mountPath=/tmp/x"}}]}}
     program = cel_program(webhook(render(values=values))["matchConditions"][0]["expression"])
-    labels = lambda **kv: {"metadata": {"labels": kv}}  # noqa: E731
+
+    def labels(**kv):
+        return {"metadata": {"labels": kv}}
+
     assert admits(program, labels(a="1", b=""), "x")
     assert not admits(program, labels(a="3", b=""), "x")
     assert not admits(program, labels(a="1"), "x")

@@ -176,7 +176,7 @@ def live_metrics(tmp_path_factory):
                 assert time.monotonic() < deadline, "the webhook did not start"
                 time.sleep(0.2)
         review = json.loads((ROOT / "tests/data/review.json").read_text())
-        ctx = ssl.create_default_context(cafile=str(work / "ephemeral-volume-injector-ca.crt"))
+        ctx = ssl.create_default_context(cafile=str(work / f"ephemeral-volume-injector-{port}-ca.crt"))
         req = urllib.request.Request(f"https://localhost:{port}/mutate", data=json.dumps(review).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, context=ctx, timeout=5) as r:

@@ -35,10 +35,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The TLS mode, checked once here (values.schema.json checks it too, but a chart used with
+--skip-schema-validation should fail as clearly): helm, selfManaged, certManager or existingSecret.
+*/}}
+{{- define "evi.tlsMode" -}}
+{{- $mode := .Values.tls.mode -}}
+{{- if not (has $mode (list "helm" "selfManaged" "certManager" "existingSecret")) -}}
+{{- fail (printf "tls.mode must be helm, selfManaged, certManager or existingSecret, not %q" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
+{{/* "true" when the webhook keeps its own CA and certificate (tls.mode=selfManaged): no Secret
+is mounted, it writes the caBundle itself and needs RBAC for both. */}}
+{{- define "evi.selfManaged" -}}
+{{- if eq (include "evi.tlsMode" .) "selfManaged" }}true{{ end -}}
+{{- end -}}
+
 {{- define "evi.tlsSecretName" -}}
-{{- if eq .Values.tls.mode "existingSecret" -}}
+{{- $mode := include "evi.tlsMode" . -}}
+{{- if eq $mode "existingSecret" -}}
 {{- required "tls.existingSecret is required when tls.mode is existingSecret" .Values.tls.existingSecret -}}
-{{- else if eq .Values.tls.mode "selfManaged" -}}
+{{- else if eq $mode "selfManaged" -}}
 {{- /* Another name than the helm mode's kubernetes.io/tls Secret: a Secret's type cannot change. */ -}}
 {{- printf "%s-certs" (include "evi.fullname" .) -}}
 {{- else -}}
@@ -162,8 +181,9 @@ matchExpressions:
 {{- end -}}
 
 {{/*
-selfManaged mode: the serving certificate's names, comma-separated, the Service's first (the
-name the API server checks); with webhook.url, its host too.
+The serving certificate's names in every TLS mode, comma-separated: the Service's, the name
+the API server checks first (<fullname>.<namespace>.svc), then its other forms; with
+webhook.url, that URL's host too (a DNS name or an IP address).
 */}}
 {{- define "evi.tlsNames" -}}
 {{- $fullname := include "evi.fullname" . -}}
@@ -171,6 +191,39 @@ name the API server checks); with webhook.url, its host too.
 {{- $names := list $svc (printf "%s.cluster.local" $svc) $fullname (printf "%s.%s" $fullname .Release.Namespace) -}}
 {{- with .Values.webhook.url }}{{ $names = append $names ((urlParse .).host | splitList ":" | first) }}{{ end -}}
 {{- join "," $names -}}
+{{- end -}}
+
+{{/* Whether a certificate name is an IP address (the URL host of webhook.url may be one). */}}
+{{- define "evi.isIP" -}}
+{{- if regexMatch "^[0-9.]+$" . }}true{{ end -}}
+{{- end -}}
+
+{{/*
+A webhook's clientConfig, for both configurations: dict root (the chart's context), path
+(/mutate or /validate), url (used instead of the Service when set) and caBundle (left out when
+empty: cert-manager's CA injector or the webhook itself sets it).
+*/}}
+{{- define "evi.clientConfig" -}}
+{{- if .url }}
+url: {{ .url | quote }}
+{{- else }}
+service:
+  name: {{ include "evi.fullname" .root }}
+  namespace: {{ .root.Release.Namespace }}
+  path: {{ .path }}
+  port: {{ .root.Values.service.port }}
+{{- end }}
+{{- if .caBundle }}
+caBundle: {{ .caBundle }}
+{{- end }}
+{{- end -}}
+
+{{/* A webhook configuration's annotations: cert-manager's CA injector, in certManager mode. */}}
+{{- define "evi.webhookAnnotations" -}}
+{{- if eq (include "evi.tlsMode" .) "certManager" }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "evi.fullname" . }}-serving
+{{- end }}
 {{- end -}}
 
 {{/*
