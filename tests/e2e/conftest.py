@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from controlplane import ROOT, TOOLS_DIR, ControlPlane, free_port, start_process, stop_process  # noqa: E402
-from node import TAINT, Node, in_test_namespace  # noqa: E402
-from registry import RELEASE_BIN, Registry, release_tools  # noqa: E402
+from controlplane import ROOT, TOOLS_DIR, ControlPlane, free_port, start_process, stop_process, wait_for
+from node import TAINT, Node, in_test_namespace
+from registry import RELEASE_BIN, Registry, release_tools
 
 CHART = ROOT / "charts" / "ephemeral-volume-injector"
 BINARY = ROOT / "target" / "debug" / "ephemeral-volume-injector"
@@ -34,21 +34,6 @@ KUBECTL = shutil.which("kubectl") or str(TOOLS_DIR / "bin/kubectl")
 HELM = shutil.which("helm") or str(TOOLS_DIR / "bin/helm")
 RELEASE_NS = "evi-system"
 OCI = ROOT / "target" / "oci"
-
-
-def wait_for(what: str, fn, timeout: float = 30, interval: float = 0.2):
-    """Polls fn until it returns a truthy value; fails naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 class Cluster:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -28,6 +29,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+import certs
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = Path(os.environ.get("EVI_TOOLS_DIR", Path.home() / ".cache/evi-tools"))
@@ -86,27 +89,52 @@ def stop_process(p: subprocess.Popen, timeout: float = 10) -> None:
         p.wait()
 
 
-def wait_until_answers(proc: subprocess.Popen, url: str, what: str, log=None, timeout: float = 30,
-                       context=None) -> None:
-    """Polls `url` until it answers 200, while `proc` runs; else fails naming `what`, with the
-    tail of its log (a path, or a function returning the text)."""
+class WaitError(AssertionError):
+    """What was awaited did not happen: at the deadline, or a process it needed exited."""
+
+
+def _tail(log) -> str:
+    if log is None:
+        return ""
+    text = log() if callable(log) else Path(log).read_text(errors="replace") if Path(log).exists() else ""
+    return text[-3000:]
+
+
+def wait_for(what: str, fn, timeout: float = 30, interval: float = 0.2, procs=None, log=None):
+    """Polls `fn` until it returns a truthy value, and returns that; an exception counts as not
+    yet (raise one to say why). Fails with WaitError naming what was awaited and the last
+    result or exception: at the deadline, or at once when one of `procs` (a Popen, or a dict
+    of name to Popen) has exited; with the tail of `log` (a path, or a function returning the
+    text) when given. The one wait of the end-to-end tests and their harness."""
+    watched = procs if isinstance(procs, dict) else {"the process": procs} if procs is not None else {}
     deadline = time.monotonic() + timeout
+    last = None
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=2, context=context) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            text = log() if callable(log) else Path(log).read_text(errors="replace") if log else ""
-            state = f"exited with {proc.returncode}" if proc.poll() is not None else f"not answering after {timeout} s"
-            raise RuntimeError(f"{what} {state}:\n{text[-3000:]}")
-        time.sleep(0.1)
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # any failure: retried until the deadline
+            last = e
+        dead = [(name, p.returncode) for name, p in watched.items() if p.poll() is not None]
+        if dead or time.monotonic() >= deadline:
+            state = f"{dead[0][0]} exited with {dead[0][1]}" if dead else f"timed out after {timeout} s"
+            tail = _tail(log)
+            raise WaitError(f"{state} waiting for {what} (last: {last!r})" + (f"\n{tail}" if tail else ""))
+        time.sleep(interval)
 
 
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
+def answers(url: str, context=None) -> bool:
+    """Whether `url` answers 200 now (raises why not)."""
+    with urllib.request.urlopen(url, timeout=2, context=context) as r:
+        return r.status == 200
+
+
+def wait_until_answers(proc: subprocess.Popen, url: str, what: str, log=None, timeout: float = 30,
+                       context=None) -> None:
+    """Polls `url` until it answers 200, while `proc` runs (see wait_for)."""
+    wait_for(f"{what} to answer at {url}", lambda: answers(url, context), timeout=timeout, interval=0.1,
+             procs={what: proc}, log=log)
 
 
 class PKI:
@@ -119,29 +147,23 @@ class PKI:
         self.server_crt, self.server_key = d / "apiserver.crt", d / "apiserver.key"
         self.admin_crt, self.admin_key = d / "admin.crt", d / "admin.key"
         self.sa_key, self.sa_pub = d / "sa.key", d / "sa.pub"
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=evi-test-ca",
-                "-keyout", str(self.ca_key), "-out", str(self.ca_crt))
-        self._sign("apiserver", "/CN=kube-apiserver",
-                   "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
-                   "DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth")
-        self._sign("admin", "/O=system:masters/CN=evi-test-admin", "extendedKeyUsage=clientAuth")
-        openssl("genrsa", "-out", str(self.sa_key), "2048")
-        openssl("rsa", "-in", str(self.sa_key), "-pubout", "-out", str(self.sa_pub))
-
-    def _sign(self, name: str, subject: str, ext: str) -> None:
-        key, csr, crt = self.dir / f"{name}.key", self.dir / f"{name}.csr", self.dir / f"{name}.crt"
-        extfile = self.dir / f"{name}.ext"
-        extfile.write_text(ext + "\n")
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key), "-out", str(csr))
-        openssl("x509", "-req", "-in", str(csr), "-CA", str(self.ca_crt), "-CAkey", str(self.ca_key),
-                "-CAcreateserial", "-days", "2", "-extfile", str(extfile), "-out", str(crt))
+        ca = certs.ca(d, "ca", "evi-test-ca", key="rsa")
+        certs.issue(d, "apiserver", ca, subject="/CN=kube-apiserver", key="rsa",
+                    names=["127.0.0.1", "10.0.0.1", "localhost", "kubernetes", "kubernetes.default",
+                           "kubernetes.default.svc"])
+        certs.issue(d, "admin", ca, subject="/O=system:masters/CN=evi-test-admin", usage="clientAuth", key="rsa")
+        certs.openssl("genrsa", "-out", str(self.sa_key), "2048")
+        certs.openssl("rsa", "-in", str(self.sa_key), "-pubout", "-out", str(self.sa_pub))
 
 
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager on loopback, and a kubeconfig."""
 
     def __init__(self, workdir: Path | None = None, bindir: Path | None = None,
-                 apiserver: str = "kube-apiserver", controllers: bool = True, node_ip: str | None = None):
+                 apiserver: str = "kube-apiserver", controllers: bool = True, node_ip: str | None = None,
+                 controller_args: tuple[str, ...] = ()):
+        # A directory of its own when none is given, removed at stop (give one to keep the logs).
+        self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="evi-controlplane-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.bin = bindir or binaries_dir()
@@ -149,6 +171,8 @@ class ControlPlane:
         # run kube-controller-manager beside it.
         self.apiserver = apiserver
         self.controllers = controllers
+        # More kube-controller-manager flags (benches/scale.py: its client's rate limits).
+        self.controller_args = controller_args
         # With a node (tests/e2e/node.py, inside the test's network namespace): the API server
         # also listens on the node's address, for pods, and calls webhooks on their Service's
         # endpoints (there is no kube-proxy).
@@ -180,6 +204,8 @@ class ControlPlane:
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             if name in self.procs:
                 stop_process(self.procs.pop(name))
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     # === faults (tests/e2e/test_node_faults.py): a component stopped and started again, with
     # the same ports, data and certificates ===
@@ -274,23 +300,14 @@ class ControlPlane:
             "--use-service-account-credentials=false",
             "--concurrent-gc-syncs", "5",
             "--v", "1",
+            *self.controller_args,
         ], self.dir / "kube-controller-manager.log")
 
     def _wait_ready(self, deadline: float) -> None:
         ctx = self.ssl_context()
-        last = ""
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception as e:  # noqa: BLE001 - not up yet
-                last = str(e)
-            time.sleep(0.2)
-        raise TimeoutError(f"kube-apiserver not ready: {last}\n{self.log('kube-apiserver')[-3000:]}")
+        wait_for("kube-apiserver ready", lambda: answers(f"{self.url}/readyz", ctx),
+                 timeout=max(0.0, deadline - time.monotonic()), procs=self.procs,
+                 log=lambda: self.log("kube-apiserver"))
 
     def ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
@@ -334,7 +351,10 @@ def main() -> int:
             node.stop(check=False)
         cp.stop()
 
-    stop = lambda *_: (stop_all(), sys.exit(130))  # noqa: E731
+    def stop(*_) -> None:
+        stop_all()
+        sys.exit(130)
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     cp.start()

@@ -18,6 +18,22 @@ ns="evi-e2e-$$"
 private=(/run/netns /run/containerd /run/docker /var/lib/kubelet /var/lib/cni /var/log/containers
          /var/log/pods /opt/containerd /etc/docker)
 created=()
+netns_was_mounted=1
+# The cleanup is set before anything is made, and undoes only what this run made.
+cleanup() {
+  local pids=()
+  if ip netns list | awk -v n="$ns" '$1 == n { found = 1 } END { exit !found }'; then
+    mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+    [ "${#pids[@]}" -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
+    ip netns delete "$ns"
+  fi
+  if [ "$netns_was_mounted" = 0 ] && mountpoint -q /run/netns && [ -z "$(ls -A /run/netns)" ]; then
+    umount /run/netns || true
+  fi
+  [ "${#created[@]}" -eq 0 ] || rmdir "${created[@]}" 2>/dev/null || true
+  rm -rf "${TMPDIR:-/tmp}/evi-e2e-$$-docker"
+}
+trap cleanup EXIT
 for d in "${private[@]}"; do
   if [ ! -e "$d" ]; then
     mkdir -p "$d"
@@ -26,26 +42,13 @@ for d in "${private[@]}"; do
 done
 # `ip netns add` makes /run/netns a mount point on the host (a bind mount of itself) when it
 # is not one yet: put back as found, unless another run's namespace is in it.
-netns_was_mounted=0
-mountpoint -q /run/netns && netns_was_mounted=1
+mountpoint -q /run/netns || netns_was_mounted=0
 ip netns add "$ns"
-cleanup() {
-  local pids
-  pids="$(ip netns pids "$ns" 2>/dev/null || true)"
-  [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
-  ip netns delete "$ns"
-  if [ "$netns_was_mounted" = 0 ] && mountpoint -q /run/netns && [ -z "$(ls -A /run/netns)" ]; then
-    umount /run/netns || true
-  fi
-  [ "${#created[@]}" -eq 0 ] || rmdir "${created[@]}" 2>/dev/null || true
-  rm -rf "${TMPDIR:-/tmp}/evi-e2e-$$-docker"
-}
-trap cleanup EXIT
 ip -n "$ns" link set lo up
 ip -n "$ns" link add evi-node0 type bridge
 ip -n "$ns" addr add 10.213.0.1/24 dev evi-node0
 ip -n "$ns" link set evi-node0 up
-# shellcheck disable=SC2016
+# shellcheck disable=SC2016 # $d and $@ are the inner bash's, expanded there
 EVI_NETNS="$ns" EVI_NODE_IP=10.213.0.1 DOCKER_CONFIG="${TMPDIR:-/tmp}/evi-e2e-$$-docker" \
   unshare --mount --propagation private -- nsenter --net="/run/netns/$ns" -- \
   bash -c 'for d in '"${private[*]}"'; do mount -t tmpfs -o mode=0755 evi-e2e "$d"; done; exec "$@"' \

@@ -28,7 +28,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from controlplane import ControlPlane, free_port, start_process, stop_process
+from controlplane import ControlPlane, free_port, start_process, stop_process, wait_for
 
 NODE_NAME = "evi-node"
 # The other end-to-end tests leave pods behind that were never meant to run (images that cannot
@@ -219,16 +219,12 @@ state = "{d / 'state'}"
         env = dict(os.environ, PATH=PATH)
         self.procs["containerd"] = start_process(["containerd", "--config", str(d / "config.toml")],
                                                  self.dir / "containerd.log", env=env)
-        deadline = time.monotonic() + 30
-        while not self.sock.exists():
-            if self.procs["containerd"].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"containerd did not start:\n{self.log('containerd')[-3000:]}")
-            time.sleep(0.1)
-        deadline = time.monotonic() + 30
-        while subprocess.run(["ctr", "--address", str(self.sock), "version"], capture_output=True).returncode:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"containerd does not answer:\n{self.log('containerd')[-3000:]}")
-            time.sleep(0.2)
+        containerd = {"containerd": self.procs["containerd"]}
+        wait_for("containerd's socket", self.sock.exists, timeout=30, interval=0.1, procs=containerd,
+                 log=lambda: self.log("containerd"))
+        wait_for("containerd to answer", lambda: subprocess.run(["ctr", "--address", str(self.sock), "version"],
+                                                                capture_output=True).returncode == 0,
+                 timeout=30, procs=containerd, log=lambda: self.log("containerd"))
 
     def _route_kubernetes_service(self) -> None:
         port = self.cp.url.rsplit(":", 1)[1]
@@ -252,11 +248,8 @@ state = "{d / 'state'}"
             "--data-dir", str(self.csi_data), "--csi-socket", str(socket),
             "--registration-dir", str(self.kubelet_root / "plugins_registry"),
         ], self.dir / "csi-driver.log")
-        deadline = time.monotonic() + 20
-        while not socket.exists():
-            if self.procs["csi-driver"].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the CSI driver did not start:\n{self.log('csi-driver')[-3000:]}")
-            time.sleep(0.1)
+        wait_for("the CSI driver's socket", socket.exists, timeout=20, interval=0.1,
+                 procs={"the CSI driver": self.procs["csi-driver"]}, log=lambda: self.log("csi-driver"))
         self.procs["csi-provisioner"] = start_process([
             str(self.cp.bin / "csi-provisioner"), "--csi-address", str(socket),
             "--kubeconfig", str(self.cp.kubeconfig), "--leader-election=false", "--v", "2",
@@ -277,14 +270,14 @@ state = "{d / 'state'}"
         kubectl = ["kubectl", "--kubeconfig", str(self.cp.kubeconfig)]
         subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List",
                        "items": objects}), check=True, capture_output=True, text=True)
-        while time.monotonic() < deadline:
+
+        def registered() -> bool:
             out = subprocess.run([*kubectl, "get", "csinode", NODE_NAME, "-o", "json"], capture_output=True, text=True)
-            if out.returncode == 0 and any(d["name"] == CSI_DRIVER
-                                           for d in json.loads(out.stdout)["spec"].get("drivers") or []):
-                return
-            time.sleep(0.3)
-        raise TimeoutError(f"the kubelet did not register {CSI_DRIVER}:\n{self.log('csi-driver')[-2000:]}"
-                           f"\n{self.log('kubelet')[-3000:]}")
+            return out.returncode == 0 and any(d["name"] == CSI_DRIVER
+                                               for d in json.loads(out.stdout)["spec"].get("drivers") or [])
+
+        wait_for(f"the kubelet to register {CSI_DRIVER}", registered, timeout=max(0.0, deadline - time.monotonic()),
+                 interval=0.3, procs=self.procs, log=lambda: self.log("csi-driver")[-2000:] + "\n" + self.log("kubelet"))
 
     def _start_kubelet(self) -> None:
         d = self.dir / "kubelet"
@@ -329,21 +322,17 @@ state = "{d / 'state'}"
         ], self.dir / "kube-scheduler.log")
 
     def _wait_ready(self, deadline: float) -> None:
-        last = ""
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-4000:]}")
+        def ready() -> bool:
             out = subprocess.run(["kubectl", "--kubeconfig", str(self.cp.kubeconfig), "get", "node", NODE_NAME,
-                                  "-o", "json"], capture_output=True, text=True)
-            if out.returncode == 0:
-                conditions = {c["type"]: c for c in json.loads(out.stdout)["status"].get("conditions", [])}
-                ready = conditions.get("Ready", {})
-                if ready.get("status") == "True":
-                    return
-                last = ready.get("message", "")
-            time.sleep(0.5)
-        raise TimeoutError(f"node not Ready: {last}\n{self.log('kubelet')[-4000:]}")
+                                  "-o", "json"], capture_output=True, text=True, check=True)
+            conditions = {c["type"]: c for c in json.loads(out.stdout)["status"].get("conditions", [])}
+            condition = conditions.get("Ready", {})
+            if condition.get("status") != "True":
+                raise RuntimeError(f"not Ready: {condition.get('message', '')}")
+            return True
+
+        wait_for("the node Ready", ready, timeout=max(0.0, deadline - time.monotonic()), interval=0.5,
+                 procs=self.procs, log=lambda: self.log("kubelet"))
 
     def log(self, name: str) -> str:
         path = self.dir / f"{name}.log"
@@ -381,11 +370,28 @@ state = "{d / 'state'}"
         return out
 
     def stop(self, check: bool = True) -> list[str]:
-        """Stops everything and puts the host back; returns (and with `check`, raises on) what
-        could not be."""
+        """Stops everything and puts the host back, step by step; returns (and with `check`,
+        raises on) what could not be."""
+        self._stop_pod_makers()
+        self._kill_pods()
+        self._stop_runtime()
+        self._remove_nat_rule()
+        self._unmount()
+        problems = self._remove_cgroups()
+        problems += self._restore_sysctls()
+        problems += self._leftovers()
+        if check and problems:
+            raise RuntimeError("the node did not put the host back: " + "; ".join(problems))
+        return problems
+
+    def _stop_pod_makers(self) -> None:
+        """The scheduler and the kubelet first: nothing starts a pod after this."""
         for name in ("kube-scheduler", "kubelet"):
             if name in self.procs:
                 stop_process(self.procs.pop(name))
+
+    def _kill_pods(self) -> None:
+        """Every container and shim of this run, until none is left (20 s at most)."""
         deadline = time.monotonic() + 20
         while (pids := self._our_processes()) and time.monotonic() < deadline:
             for pid in pids:
@@ -394,35 +400,53 @@ state = "{d / 'state'}"
                 except ProcessLookupError:
                     pass
             time.sleep(0.5)
+
+    def _stop_runtime(self) -> None:
         for name in ("csi-provisioner", "csi-driver", "containerd"):
             if name in self.procs:
                 stop_process(self.procs.pop(name))
+
+    def _remove_nat_rule(self) -> None:
         if self.nat_rule:
             subprocess.run(["iptables", "-t", "nat", "-D", *self.nat_rule], capture_output=True)
             self.nat_rule = None
+
+    def _unmount(self) -> None:
+        """Every mount under the node's directory, deepest first."""
         for point in sorted(self._mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", point], capture_output=True)
+
+    def _remove_cgroups(self) -> list[str]:
         problems: list[str] = []
         for hierarchy in CGROUP_FS.iterdir() if CGROUP_FS.exists() else []:
             root = hierarchy / self.cgroup_root
-            if root.is_dir():
-                for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                    try:
-                        d.rmdir()
-                    except OSError:
-                        pass
+            if not root.is_dir():
+                continue
+            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
                 try:
-                    root.rmdir()
-                except OSError as e:
-                    problems.append(f"cgroup {root} not removed: {e}")
+                    d.rmdir()
+                except OSError:
+                    pass
+            try:
+                root.rmdir()
+            except OSError as e:
+                problems.append(f"cgroup {root} not removed: {e}")
+        return problems
+
+    def _restore_sysctls(self) -> list[str]:
+        problems: list[str] = []
         for key, value in self.sysctls.items():
             path = Path("/proc/sys", key)
             if path.read_text().strip() != value:
                 path.write_text(value)
-        for key, value in self.sysctls.items():
-            now = Path("/proc/sys", key).read_text().strip()
+            now = path.read_text().strip()
             if now != value:
                 problems.append(f"sysctl {key} is {now}, was {value}")
+        return problems
+
+    def _leftovers(self) -> list[str]:
+        """Processes and mounts still there after the steps above."""
+        problems: list[str] = []
         left = self._our_processes()
         if left:
             names = []
@@ -435,6 +459,4 @@ state = "{d / 'state'}"
         mounts = self._mounts()
         if mounts:
             problems.append(f"mounts left: {mounts[:5]}")
-        if check and problems:
-            raise RuntimeError("the node did not put the host back: " + "; ".join(problems))
         return problems

@@ -26,7 +26,7 @@ def stopped(cluster, tmp_path_factory):
     ns = cluster.namespace("nf-down")
     probe = pod(namespace=ns, annotations={f"{P}/x": "type=emptyDir,mountPath=/x"})
     wait_for("the webhook configuration to take effect",
-             lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+             lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
     yield r
     r.uninstall()
 
@@ -138,7 +138,7 @@ def test_chart_match_conditions_agree_with_the_webhook_on_every_rule_shape(clust
         cluster.create(mwc)
         probe = pod(namespace="a", annotations={"cel.example.com/x": "type=emptyDir,mountPath=/x"})
         wait_for("the configuration to take effect",
-                 lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+                 lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
         try:
             for ns, labels in itertools.product(NAMESPACES, LABELS):
                 p = pod(namespace=ns, labels=labels)
@@ -155,7 +155,7 @@ def test_chart_match_conditions_agree_with_the_webhook_on_every_rule_shape(clust
         finally:
             cluster.kubectl("delete", "mutatingwebhookconfiguration", mwc["metadata"]["name"], "--wait=true")
             wait_for("the configuration to be gone",
-                     lambda: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
+                     lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
     assert not disagreements, "\n".join(disagreements)
 
 
@@ -189,7 +189,7 @@ def test_chart_workload_match_conditions_agree_with_the_webhook_on_every_rule_sh
         probe = workload_of("Job", "probe", "a", None)
         probe["spec"]["template"]["metadata"]["annotations"] = {"celw.example.com/x": "type=emptyDir,mountPath=/x"}
         wait_for("the configuration to take effect",
-                 lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+                 lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
         ours = {(ns, j): webhook_matches(config, ns, LABELS[j], tmp_path) for ns, j in cases}
         try:
             for kind in ("Job", "CronJob", "Deployment"):
@@ -212,5 +212,5 @@ def test_chart_workload_match_conditions_agree_with_the_webhook_on_every_rule_sh
         finally:
             cluster.kubectl("delete", "validatingwebhookconfiguration", vwc["metadata"]["name"], "--wait=true")
             wait_for("the configuration to be gone",
-                     lambda: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
+                     lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode == 0)
     assert not disagreements, "\n".join(disagreements)

@@ -21,6 +21,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import certs
 import pytest
 import yaml
 from conftest import (BINARY, CHART, OCI, RELEASE_NS, ROOT, SteadyCreator, install_release, pods_of, release_pods,
@@ -38,11 +39,47 @@ FULL = f"{RELEASE}-ephemeral-volume-injector"
 WEBHOOK_SELECTOR = f"app.kubernetes.io/name=ephemeral-volume-injector,app.kubernetes.io/instance={RELEASE}"
 
 
+class SharedRelease:
+    """The module's release. A test that changes it (values, image, TLS mode, its certificate)
+    calls restore() when done, in a finally: the next test finds it as installed, whatever ran
+    before it."""
+
+    def __init__(self, cluster, published, values: Path):
+        self.cluster, self.published, self.values = cluster, published, values
+        self.tls = cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)["data"]
+
+    def restore(self) -> None:
+        """The release as the fixture installed it: its TLS Secret's certificate (helm reuses
+        the Secret it finds, so the caBundle follows), its chart and values (the others reset;
+        conflicts on fields a test patched by hand taken back), two ready replicas of its image
+        in the helm TLS mode serving that certificate, and no other pod left."""
+        import base64
+        import ssl
+        secret = self.cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)
+        if secret["data"] != self.tls:
+            self.cluster.kubectl("patch", "secret", f"{FULL}-tls", "-n", RELEASE_NS, "--type=merge",
+                                 "-p", json.dumps({"data": self.tls}))
+        self.cluster.helm("upgrade", RELEASE, self.published.chart, "--version", self.published.chart_version,
+                          "--plain-http", "-n", RELEASE_NS, "--reset-values", "-f", self.values, "--force-conflicts",
+                          "--wait", "--timeout", "110s")
+        image = f"{self.published.repository}@{self.published.digest}"
+        der = ssl.PEM_cert_to_DER_cert(base64.b64decode(self.tls["tls.crt"]).decode())
+
+        def as_installed() -> bool:
+            pods = webhook_pods(self.cluster)
+            return len(pods) == 2 and len(ready_webhook_pods(self.cluster)) == 2 and all(
+                p["spec"]["containers"][0]["image"] == image
+                and "--tls-secret" not in " ".join(p["spec"]["containers"][0]["args"])
+                and served_certificate(p["status"]["podIP"]) == der for p in pods)
+        # The kubelet brings a changed Secret to running pods within about a minute.
+        wait_for("the release as installed", as_installed, timeout=150, interval=1)
+
+
 @pytest.fixture(scope="module")
 def chart(cluster, node, published, image, tmp_path_factory):
     """The chart as users install it: from oci:// with the image pinned by digest, two replicas,
     TLS from the chart's Secret, the configuration from its ConfigMap, the cluster checks on the
-    pods' ServiceAccount."""
+    pods' ServiceAccount. Tests that change it restore it (SharedRelease.restore)."""
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
     values.write_text(json.dumps({
         "image": {"repository": published.repository, "digest": published.digest, "pullPolicy": "IfNotPresent"},
@@ -54,7 +91,7 @@ def chart(cluster, node, published, image, tmp_path_factory):
     cluster.helm("install", RELEASE, published.chart, "--version", published.chart_version, "--plain-http",
                  "-n", RELEASE_NS, "--create-namespace", "-f", values, "--wait", "--wait-for-jobs", "--timeout", "110s")
     cluster.namespace(NS)
-    yield
+    yield SharedRelease(cluster, published, values)
     cluster.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", check=False)
 
 
@@ -371,19 +408,35 @@ def test_a_configuration_change_reaches_the_running_pods_through_the_kubelet(clu
     """helm upgrade changes the ConfigMap; the kubelet updates the mounted file; the webhook
     reloads it. No pod restarts, and the lag is measured."""
     before = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in webhook_pods(cluster)}
-    cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values",
-                 "--set-json", 'config.profiles.fast={"mountPath":"/fast","emptyDir":{"sizeLimit":"1Gi"}}')
-    start = time.monotonic()
-    # Each replica must have the new profile: a pod naming it is admitted (several calls, so
-    # that both replicas are reached through the Service).
-    def admitted_everywhere():
-        results = [cluster.create(asking_pod("fast"), "--dry-run=server", check=False).returncode for _ in range(6)]
-        return all(r == 0 for r in results)
-    wait_for("the new profile in every replica", admitted_everywhere, timeout=150, interval=1)
-    lag = time.monotonic() - start
-    print(f"\nconfiguration change in force after {lag:.1f} s (kubelet syncFrequency 10 s)")
-    after = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in webhook_pods(cluster)}
-    assert after == before, f"pods restarted or were replaced: {before} → {after}"
+    try:
+        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values",
+                     "--set-json", 'config.profiles.fast={"mountPath":"/fast","emptyDir":{"sizeLimit":"1Gi"}}')
+        start = time.monotonic()
+
+        # Each replica must have the new profile: a pod naming it is admitted (several calls, so
+        # that both replicas are reached through the Service).
+        def admitted_everywhere():
+            results = [cluster.create(asking_pod("fast"), "--dry-run=server", check=False).returncode
+                       for _ in range(6)]
+            return all(r == 0 for r in results)
+        wait_for("the new profile in every replica", admitted_everywhere, timeout=150, interval=1)
+        lag = time.monotonic() - start
+        print(f"\nconfiguration change in force after {lag:.1f} s (kubelet syncFrequency 10 s)")
+        after = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
+                 for p in webhook_pods(cluster)}
+        assert after == before, f"pods restarted or were replaced: {before} → {after}"
+    finally:
+        chart.restore()
+
+
+def refuses_no_pod_during(cluster, what: str, action) -> None:
+    """Pods that ask are created through the API server at a steady rate (one every ~0.5 s)
+    while `action` runs: it is sampled at least 3 times, and none is refused."""
+    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
+        during = load.during(action)
+    print(f"\n{what}: {load.sent} pods sent, {during} of them during it, {load.refused} refused")
+    assert during >= 3, during
+    assert load.refused == 0, load.errors[:3]
 
 
 def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, published):
@@ -404,15 +457,12 @@ def test_a_rolling_update_and_a_deleted_pod_refuse_no_pod(cluster, chart, publis
         cluster.kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--wait=true")
         wait_for("two ready replicas again", lambda: len(ready_webhook_pods(cluster)) == 2, timeout=120, interval=1)
 
-    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        during = load.during(roll_and_delete)
-    print(f"\nrolling update + deleted pod: {load.sent} pods sent, {during} of them during the update, "
-          f"{load.refused} refused")
-    # A pod every ~0.5 s: the update and the deletion (seconds each) are sampled many times.
-    assert during >= 3, during
-    assert load.refused == 0, load.errors[:3]
-    images = {p["spec"]["containers"][0]["image"] for p in webhook_pods(cluster)}
-    assert images == {f"{published.repository}@{amd64}"}, images
+    try:
+        refuses_no_pod_during(cluster, "rolling update + deleted pod", roll_and_delete)
+        images = {p["spec"]["containers"][0]["image"] for p in webhook_pods(cluster)}
+        assert images == {f"{published.repository}@{amd64}"}, images
+    finally:
+        chart.restore()
 
 
 def test_scaled_to_zero_only_pods_that_ask_are_refused(cluster, chart):
@@ -461,22 +511,6 @@ def test_helm_test_names_a_webhook_scaled_to_zero(cluster, chart):
         cluster.kubectl("rollout", "status", f"deployment/{FULL}", "-n", RELEASE_NS, "--timeout=120s")
 
 
-def pem_pair(tmp: Path, name: str, ca: tuple[Path, Path] | None, san: str) -> tuple[Path, Path]:
-    key, crt = tmp / f"{name}.key", tmp / f"{name}.crt"
-    subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)], check=True)
-    if ca is None:
-        subprocess.run(["openssl", "req", "-x509", "-new", "-key", str(key), "-subj", f"/CN={name}", "-days", "2",
-                        "-addext", "basicConstraints=critical,CA:TRUE", "-out", str(crt)], check=True)
-    else:
-        csr = tmp / f"{name}.csr"
-        subprocess.run(["openssl", "req", "-new", "-key", str(key), "-subj", f"/CN={name}", "-out", str(csr)], check=True)
-        ext = tmp / f"{name}.ext"
-        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage=serverAuth\n")
-        subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
-                        "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(crt)], check=True)
-    return key, crt
-
-
 @pytest.mark.parametrize("case", ["ca-bundle", "blocked"])
 def test_a_miswired_install_fails_helm_install_naming_the_cause(cluster, chart, published, node, tmp_path, case):
     """A release of its own, with its own annotation prefix (the main release is untouched):
@@ -496,12 +530,12 @@ def test_a_miswired_install_fails_helm_install_naming_the_cause(cluster, chart, 
     }
     rule = None
     if case == "ca-bundle":
-        good_ca = pem_pair(tmp_path, "good-ca", None, "")
-        key, crt = pem_pair(tmp_path, "serving", good_ca, f"DNS:{full}.{RELEASE_NS}.svc")
-        other_ca = pem_pair(tmp_path, "other-ca", None, "")
+        good_ca = certs.ca(tmp_path, "good-ca")
+        crt, key = certs.issue(tmp_path, "serving", good_ca, names=[f"{full}.{RELEASE_NS}.svc"])
+        other_ca = certs.ca(tmp_path, "other-ca")
         cluster.kubectl("create", "secret", "tls", f"{release}-tls", "-n", RELEASE_NS, f"--cert={crt}", f"--key={key}")
         values["tls"] = {"mode": "existingSecret", "existingSecret": f"{release}-tls",
-                         "caBundle": base64.b64encode(other_ca[1].read_bytes()).decode()}
+                         "caBundle": base64.b64encode(other_ca.crt.read_bytes()).decode()}
         want = "the API server does not trust the webhook's certificate: the caBundle of the webhook configuration " \
                "does not match the CA that signed the certificate the webhook serves"
     else:
@@ -664,93 +698,86 @@ def test_a_certificate_rotated_in_the_secret_is_served_after_the_kubelets_update
     """A new CA and serving certificate: the webhook configurations first trust both CAs, then
     the Secret is replaced; the kubelet updates the volume, the webhook reloads it, and pods
     created at a steady rate meanwhile are never refused."""
-    import base64
-    import ssl
-    from controlplane import openssl
-    svc = f"{FULL}.{RELEASE_NS}.svc"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=evi-rotated-ca",
-            "-keyout", str(tmp_path / "ca.key"), "-out", str(tmp_path / "ca.crt"))
-    (tmp_path / "leaf.ext").write_text(f"subjectAltName=DNS:{svc},DNS:{svc}.cluster.local\n"
-                                       "extendedKeyUsage=serverAuth\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={svc}", "-keyout", str(tmp_path / "tls.key"),
-            "-out", str(tmp_path / "tls.csr"))
-    openssl("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(tmp_path / "ca.crt"),
-            "-CAkey", str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "2",
-            "-extfile", str(tmp_path / "leaf.ext"), "-out", str(tmp_path / "tls.crt"))
-    new_der = ssl.PEM_cert_to_DER_cert((tmp_path / "tls.crt").read_text())
-    secret = cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)
-    old_ca = base64.b64decode(secret["data"]["ca.crt"])
-    bundle = base64.b64encode(old_ca + (tmp_path / "ca.crt").read_bytes()).decode()
-    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        # 1. The API server trusts both CAs.
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            hooks = cluster.get(kind, FULL)["webhooks"]
-            patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
-                     for i in range(len(hooks))]
-            cluster.kubectl("patch", kind, FULL, "--type=json", "-p", json.dumps(patch))
-        time.sleep(3)
-        # 2. The Secret changes; the kubelet updates every pod's volume.
-        start = time.monotonic()
-        secret["data"] = {k: base64.b64encode((tmp_path / k).read_bytes()).decode()
-                          for k in ("tls.crt", "tls.key", "ca.crt")}
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
-        ips = [p["status"]["podIP"] for p in webhook_pods(cluster)]
-        wait_for("every replica serving the new certificate",
-                 lambda: all(served_certificate(ip) == new_der for ip in ips), timeout=150, interval=1)
-        lag = time.monotonic() - start
-        time.sleep(2)
-    print(f"\nrotated certificate served by {len(ips)} replicas after {lag:.1f} s; "
-          f"{load.sent} pods sent meanwhile, {load.refused} refused")
-    assert load.sent > 10 and load.refused == 0, load.errors[:3]
-    # Found here: helm 4 applies server-side, so the next upgrade conflicts on the caBundle this
-    # rotation patched (another field manager) until told to take it back.
-    upgrade = cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", check=False)
-    assert upgrade.returncode != 0 and "caBundle" in upgrade.stderr, upgrade.stderr
-    cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--force-conflicts")
-    mwc = cluster.get("mutatingwebhookconfiguration", FULL)
-    assert base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"]) == (tmp_path / "ca.crt").read_bytes()
+    try:
+        import base64
+        import ssl
+        svc = f"{FULL}.{RELEASE_NS}.svc"
+        rotated = certs.ca(tmp_path, "ca", "evi-rotated-ca")
+        certs.issue(tmp_path, "tls", rotated, names=[svc, f"{svc}.cluster.local"])
+        new_der = ssl.PEM_cert_to_DER_cert((tmp_path / "tls.crt").read_text())
+        secret = cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)
+        old_ca = base64.b64decode(secret["data"]["ca.crt"])
+        bundle = base64.b64encode(old_ca + (tmp_path / "ca.crt").read_bytes()).decode()
+        with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
+            # 1. The API server trusts both CAs.
+            for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+                hooks = cluster.get(kind, FULL)["webhooks"]
+                patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+                         for i in range(len(hooks))]
+                cluster.kubectl("patch", kind, FULL, "--type=json", "-p", json.dumps(patch))
+            time.sleep(3)
+            # 2. The Secret changes; the kubelet updates every pod's volume.
+            start = time.monotonic()
+            secret["data"] = {k: base64.b64encode((tmp_path / k).read_bytes()).decode()
+                              for k in ("tls.crt", "tls.key", "ca.crt")}
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+            ips = [p["status"]["podIP"] for p in webhook_pods(cluster)]
+            wait_for("every replica serving the new certificate",
+                     lambda: all(served_certificate(ip) == new_der for ip in ips), timeout=150, interval=1)
+            lag = time.monotonic() - start
+            time.sleep(2)
+        print(f"\nrotated certificate served by {len(ips)} replicas after {lag:.1f} s; "
+              f"{load.sent} pods sent meanwhile, {load.refused} refused")
+        assert load.sent > 10 and load.refused == 0, load.errors[:3]
+        # Found here: helm 4 applies server-side, so the next upgrade conflicts on the caBundle this
+        # rotation patched (another field manager) until told to take it back.
+        upgrade = cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", check=False)
+        assert upgrade.returncode != 0 and "caBundle" in upgrade.stderr, upgrade.stderr
+        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--force-conflicts")
+        mwc = cluster.get("mutatingwebhookconfiguration", FULL)
+        assert base64.b64decode(mwc["webhooks"][0]["clientConfig"]["caBundle"]) == (tmp_path / "ca.crt").read_bytes()
+    finally:
+        chart.restore()
 
 
 def test_upgrading_from_the_helm_mode_to_self_managed_tls_refuses_no_pod(cluster, chart, node):
     """helm upgrade --set tls.mode=selfManaged: the new pods make their own CA and add it to
     the caBundle beside the one the old pods' certificate comes from (kept for the overlap),
     so that pods created through the rolling update are never refused."""
-    import base64
-    old_ca = base64.b64decode(cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)["data"]["ca.crt"])
+    try:
+        import base64
+        old_ca = base64.b64decode(cluster.get("secret", f"{FULL}-tls", "-n", RELEASE_NS)["data"]["ca.crt"])
 
-    def upgrade():
-        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "tls.mode=selfManaged",
-                     "--wait", "--timeout", "110s")
-        wait_for("two ready replicas of the new mode", lambda: sum(
-            "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"]) for p in ready_webhook_pods(cluster)) == 2,
-            timeout=120, interval=1)
+        def upgrade():
+            cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--set", "tls.mode=selfManaged",
+                         "--wait", "--timeout", "110s")
+            wait_for("two ready replicas of the new mode", lambda: sum(
+                "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"]) for p in ready_webhook_pods(cluster)) == 2,
+                timeout=120, interval=1)
 
-    with SteadyCreator(cluster, asking_pod("type=emptyDir,mountPath=/scratch,size=16Mi")) as load:
-        during = load.during(upgrade)
-    print(f"\nhelm mode -> selfManaged: {load.sent} pods sent, {during} of them during the upgrade, "
-          f"{load.refused} refused")
-    assert during >= 3, during
-    assert load.refused == 0, load.errors[:3]
-    data = {k: base64.b64decode(v) for k, v in cluster.get("secret", f"{FULL}-certs", "-n", RELEASE_NS)["data"].items()}
-    bundle = data["ca-bundle.crt"]
-    assert data["ca.crt"] in bundle and old_ca.strip() in bundle, "the old CA is kept for the overlap"
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        for w in cluster.get(kind, FULL)["webhooks"]:
-            assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])
-    # Every pod serves the Secret's certificate, read through the API (no Secret volume).
-    import ssl
-    served_der = ssl.PEM_cert_to_DER_cert(data["tls.crt"].decode())
-    new_pods = [p for p in webhook_pods(cluster) if "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"])]
-    assert len(new_pods) == 2
-    for p in new_pods:
-        assert served_certificate(p["status"]["podIP"]) == served_der
-        assert all(v["name"] != "tls" for v in p["spec"]["volumes"])
-    # The next helm upgrade renders the live caBundle back (lookup): no server-side apply
-    # conflict with the webhook's own writes, and the bundle unchanged.
-    cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--wait", "--timeout", "110s")
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        for w in cluster.get(kind, FULL)["webhooks"]:
-            assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])
+        refuses_no_pod_during(cluster, "helm mode -> selfManaged", upgrade)
+        data = {k: base64.b64decode(v) for k, v in cluster.get("secret", f"{FULL}-certs", "-n", RELEASE_NS)["data"].items()}
+        bundle = data["ca-bundle.crt"]
+        assert data["ca.crt"] in bundle and old_ca.strip() in bundle, "the old CA is kept for the overlap"
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            for w in cluster.get(kind, FULL)["webhooks"]:
+                assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])
+        # Every pod serves the Secret's certificate, read through the API (no Secret volume).
+        import ssl
+        served_der = ssl.PEM_cert_to_DER_cert(data["tls.crt"].decode())
+        new_pods = [p for p in webhook_pods(cluster) if "--tls-secret" in " ".join(p["spec"]["containers"][0]["args"])]
+        assert len(new_pods) == 2
+        for p in new_pods:
+            assert served_certificate(p["status"]["podIP"]) == served_der
+            assert all(v["name"] != "tls" for v in p["spec"]["volumes"])
+        # The next helm upgrade renders the live caBundle back (lookup): no server-side apply
+        # conflict with the webhook's own writes, and the bundle unchanged.
+        cluster.helm("upgrade", RELEASE, CHART, "-n", RELEASE_NS, "--reuse-values", "--wait", "--timeout", "110s")
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            for w in cluster.get(kind, FULL)["webhooks"]:
+                assert base64.b64decode(w["clientConfig"]["caBundle"]) == bundle, (kind, w["name"])
+    finally:
+        chart.restore()
 
 
 def shipped_alerts_without_waiting(out: Path) -> Path:
@@ -824,8 +851,7 @@ def test_a_real_prometheus_fires_and_resolves_the_charts_alerts(cluster, chart, 
                  lambda: not prom.firing("EphemeralVolumeInjectorNoReadyReplica"), timeout=30)
 
         # A replica serving a certificate two days from expiry (nothing renewed it).
-        ca = pem_pair(tmp_path, "short-ca", None, "")
-        key, crt = pem_pair(tmp_path, "short", ca, "DNS:localhost")
+        crt, key = certs.issue(tmp_path, "short", certs.ca(tmp_path, "short-ca"), names=["localhost"])
         admin = free_port()
         local = start_process([str(BINARY), "serve", "--listen", f"127.0.0.1:{free_port()}",
                                "--admin-listen", f"127.0.0.1:{admin}", "--tls-cert", str(crt), "--tls-key", str(key)],

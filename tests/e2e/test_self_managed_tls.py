@@ -9,12 +9,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import re
 import signal
 import ssl
 import time
 from pathlib import Path
 
+import certs
 import pytest
 import yaml
 from conftest import (BINARY, CHART, Cluster, SteadyCreator, Webhook, free_port, pod, served_certificate,
@@ -144,21 +144,6 @@ def applied(cluster: Cluster, name: str, workdir: Path, values: dict):
         rel.remove(text)
 
 
-def der_certs(pem: bytes) -> list[bytes]:
-    return [ssl.PEM_cert_to_DER_cert(m.decode()) for m in
-            re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n?", pem, re.S)]
-
-
-def issued_by(leaf_der: bytes, ca_pem: bytes, tmp: Path) -> bool:
-    """openssl verifies the leaf against the CA (signature, validity, CA flags)."""
-    import subprocess
-    (tmp / "leaf.pem").write_text(ssl.DER_cert_to_PEM_cert(leaf_der))
-    (tmp / "ca.pem").write_bytes(ca_pem)
-    p = subprocess.run(["openssl", "verify", "-CAfile", str(tmp / "ca.pem"), str(tmp / "leaf.pem")],
-                       capture_output=True, text=True)
-    return p.returncode == 0
-
-
 def rejections(cluster: Cluster, prefix: str) -> float:
     """apiserver_admission_webhook_rejection_count for this release's webhooks."""
     total = 0.0
@@ -182,7 +167,7 @@ def test_applied_twice_as_argo_cd_does_the_ca_bundle_never_changes_and_no_pod_is
         bundle = rel.ca_bundles()
         stored = rel.secret()
         assert all(b == stored["ca-bundle.crt"] for b in bundle)
-        assert issued_by(replica.served(), stored["ca.crt"], tmp_path)
+        assert certs.verifies(stored["ca.crt"], replica.served(), tmp_path)
         assert rel.mutated(), "a pod that asks is mutated after the first apply"
         with SteadyCreator(cluster, rel.asking_pod()) as load:
             time.sleep(2)
@@ -205,10 +190,10 @@ def test_three_replicas_started_at_once_on_an_empty_secret_make_one_ca(cluster, 
     with applied(cluster, "three", tmp_path, {}) as (rel, text):
         replicas = rel.start(text, n=3)
         stored = rel.secret()
-        assert len(der_certs(stored["ca.crt"])) == 1
-        assert der_certs(stored["ca-bundle.crt"]) == der_certs(stored["ca.crt"])
+        assert len(certs.der_certs(stored["ca.crt"])) == 1
+        assert certs.der_certs(stored["ca-bundle.crt"]) == certs.der_certs(stored["ca.crt"])
         for r in replicas:
-            assert issued_by(r.served(), stored["ca.crt"], tmp_path), f"replica {r.port} serves another CA's certificate"
+            assert certs.verifies(stored["ca.crt"], r.served(), tmp_path), f"replica {r.port} serves another CA's certificate"
         created = sum(r.metric("evi_tls_steps_total", step="created") for r in replicas)
         assert created == 1, f"{created} replicas wrote a CA"
         wait_for("the caBundle set", lambda: all(b == stored["ca-bundle.crt"] for b in rel.ca_bundles()), timeout=20)
@@ -267,7 +252,7 @@ def test_a_ca_rotation_with_short_lifetimes_refuses_no_pod(cluster, pods_ns, tmp
         stored = rel.secret()
         assert stored["ca.crt"] != first_ca
         for r in replicas:
-            assert issued_by(r.served(), stored["ca.crt"], tmp_path)
+            assert certs.verifies(stored["ca.crt"], r.served(), tmp_path)
             assert 0 < r.metric("evi_certificate_expiry_seconds", certificate="ca") <= 60
             assert 0 < r.metric("evi_certificate_expiry_seconds", certificate="serving") <= 30
 
@@ -329,21 +314,13 @@ def test_a_certificate_stored_in_the_secret_is_served_at_once_through_the_watch(
     """No kubelet volume in between: a serving certificate written into the Secret (here by
     hand, from the same CA, with more time left than the renewal threshold) is served as soon as
     the watch brings it, and kept."""
-    import subprocess
     with applied(cluster, "watch", tmp_path, {}) as (rel, text):
         (replica,) = rel.start(text)
         stored = rel.secret()
         (tmp_path / "ca.crt").write_bytes(stored["ca.crt"])
         (tmp_path / "ca.key").write_bytes(stored["ca.key"])
         names = next(a for a in replica.args if a.startswith("--tls-name=")).split("=", 1)[1].split(",")
-        sans = ",".join(f"IP:{n}" if re.fullmatch(r"[0-9.]+", n) else f"DNS:{n}" for n in names)
-        (tmp_path / "ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
-        run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
-        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={names[0]}",
-            "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.csr"))
-        run("x509", "-req", "-in", str(tmp_path / "tls.csr"), "-CA", str(tmp_path / "ca.crt"), "-CAkey",
-            str(tmp_path / "ca.key"), "-CAcreateserial", "-days", "80", "-extfile", str(tmp_path / "ext"),
-            "-out", str(tmp_path / "tls.crt"))
+        certs.issue(tmp_path, "tls", certs.Pair(tmp_path / "ca.crt", tmp_path / "ca.key"), names=names, days=80)
         new_der = ssl.PEM_cert_to_DER_cert((tmp_path / "tls.crt").read_text())
         assert replica.served() != new_der
         patch = {"data": {k: base64.b64encode((tmp_path / k).read_bytes()).decode() for k in ("tls.crt", "tls.key")}}

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	registration "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	mount "k8s.io/mount-utils"
 )
 
 const ephemeralKey = "csi.storage.k8s.io/ephemeral"
@@ -157,20 +158,12 @@ func (d *driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 	return &csi.NodeGetInfoResponse{NodeId: d.nodeID}, nil
 }
 
-// isMountPoint: whether path is a mount point in /proc/self/mountinfo (a bind mount within one
-// filesystem keeps its device number, so stat cannot tell).
+// isMountPoint: whether path is a mount point, as the kubelet's own mount library reads
+// /proc/self/mountinfo (a bind mount within one filesystem keeps its device number, so stat
+// cannot tell). A path that does not exist is not one.
 func isMountPoint(path string) bool {
-	info, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	escaped := strings.NewReplacer(" ", `\040`, "\t", `\011`, "\n", `\012`, `\`, `\134`).Replace(filepath.Clean(path))
-	for _, line := range strings.Split(string(info), "\n") {
-		if fields := strings.Fields(line); len(fields) > 4 && fields[4] == escaped {
-			return true
-		}
-	}
-	return false
+	notMount, err := mount.IsNotMountPoint(mount.New(""), path)
+	return err == nil && !notMount
 }
 
 func (d *driver) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
