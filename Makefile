@@ -1,7 +1,8 @@
 # The development loop, in named stages. `make lint` takes seconds and needs nothing but the
 # Rust toolchain; `make ci` is what CI runs (.ci/test), fast toolless stages first.
 #
-#   make lint    fmt, clippy, doc, the scripts lint                 (Rust toolchain only)
+#   make lint    fmt, clippy, doc; the scripts: shellcheck, ruff, no early-closing pipe reader
+#                (the Rust toolchain and pip: .ci/lint-scripts.sh installs the two linters)
 #   make unit    every Rust test: unit, golden, property, CLI, docs, the server over real TLS
 #   make tools   helm, kubectl, the Python tools, cargo-deny, the control plane (cached by version);
 #                tools-base is all but the Go builds that only e2e needs, tools-go those
@@ -40,6 +41,7 @@ ci: lint unit tools-base audit chart release controlplane e2e
 
 lint:
 	bash .ci/lint-pipes.sh
+	bash .ci/lint-scripts.sh
 	cargo fmt --all -- --check
 	rustfmt --check --edition 2024 fuzz/fuzz_targets/*.rs
 	@out="$$(gofmt -l tests/controlplane/csidriver tests/controlplane/certmanager)"; [ -z "$$out" ] || { echo "gofmt: $$out"; exit 1; }
@@ -80,9 +82,14 @@ sbom:
 	mkdir -p target/sbom && mv ephemeral-volume-injector.cdx.json target/sbom/
 
 # Everything a release publishes (release/publish.sh pushes and signs it), and the arm64
-# binary checked under qemu-user against the amd64 one on every golden case.
+# binary checked under qemu-user against the amd64 one on every golden case. Then the load
+# guard: the amd64 binary against the bare TLS server built alike (benches/load.sh --guard;
+# fails only on a gross regression of the CPU ratio benches/README.md records).
 release: images sbom
 	python3 -m pytest -q tests/release
+	cargo zigbuild --release --locked --example tls-baseline --target x86_64-unknown-linux-musl
+	BIN=target/x86_64-unknown-linux-musl/release/ephemeral-volume-injector \
+	  BASE=target/x86_64-unknown-linux-musl/release/examples/tls-baseline bash benches/load.sh --guard
 tools:
 	bash .ci/install-tools.sh
 # What audit, chart and release need; the Go builds only e2e needs (tools = both).
@@ -112,9 +119,8 @@ chart: build
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 charts/ephemeral-volume-injector
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 \
 	  --helm-set tls.mode=selfManaged --ignorefile charts/trivyignore-selfmanaged charts/ephemeral-volume-injector
-	dir="$$(mktemp -d)" && cp Dockerfile .dockerignore "$$dir/" && \
-	  trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 "$$dir"; \
-	  rc=$$?; rm -rf "$$dir"; exit $$rc
+	dir="$$(mktemp -d)"; trap 'rm -rf "$$dir"' EXIT; cp Dockerfile .dockerignore "$$dir/"; \
+	  trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 "$$dir"
 
 # In a network and mount namespace of their own, with a real node (EVI_REQUIRE_NODE: its
 # tests fail rather than skip).

@@ -7,11 +7,11 @@
 # tool waits for this build of it, and a failure here only means that they build it themselves
 # (and show the error).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 start=$(date +%s)
 bash .ci/prefetch-go.sh
 bash tests/controlplane/build.sh >/dev/null || echo "go-tools: the control plane did not build" >&2
-bash tests/release/build-tools.sh registry crane cosign prometheus cert-manager >/dev/null \
+bash tests/release/build-tools.sh registry crane cosign prometheus kwok cert-manager >/dev/null \
   || echo "go-tools: the release tools did not build" >&2
 bash tests/controlplane/build.sh --old >/dev/null || echo "go-tools: the older kube-apiserver did not build" >&2
 echo "go-tools: done in $(( $(date +%s) - start )) s" >&2

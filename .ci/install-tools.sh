@@ -61,8 +61,9 @@ echo "${kubectl_version%%$'\n'*}"
 
 # The node of the end-to-end tests (tests/e2e/node.py): containerd, runc, the CNI plugins,
 # Docker (to build the image from the Dockerfile), iptables, a static busybox for the tasks'
-# image, and qemu-user to run the arm64 binary (make release); Debian's packages.
-node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static qemu-user-static)
+# image, qemu-user to run the arm64 binary (make release) and wrk for the load guard
+# (make release: benches/load.sh --guard); Debian's packages.
+node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static qemu-user-static wrk)
 missing=()
 for pkg in "${node_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -F "install ok installed" >/dev/null || missing+=("$pkg")

@@ -7,7 +7,7 @@
 # download); a failure only means the tools stage downloads that module itself. The package
 # lists are build.sh's; a package missing here is merely downloaded later.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export GOFLAGS="-mod=readonly -trimpath" CGO_ENABLED=0
 list() { # dir packages...
   local dir="$1"; shift
