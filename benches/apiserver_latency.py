@@ -30,9 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-import conftest  # noqa: E402
-from conftest import Cluster, Release  # noqa: E402
-from controlplane import ControlPlane  # noqa: E402
+import conftest  # noqa: E402 - after the sys.path insert above
+from conftest import Cluster, Release  # noqa: E402 - after the sys.path insert above
+from controlplane import ControlPlane  # noqa: E402 - after the sys.path insert above
+from scale import bucket_quantile  # noqa: E402 - after the sys.path insert; scale.py's bucket bounds
 
 POD = {
     "apiVersion": "v1", "kind": "Pod",
@@ -63,17 +64,6 @@ def webhook_histogram(cp: ControlPlane) -> dict[float, float]:
             bound = float("inf") if le == "+Inf" else float(le)
             buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
     return buckets
-
-
-def histogram_quantile(before: dict, after: dict, q: float) -> str:
-    delta = sorted((b, after.get(b, 0) - before.get(b, 0)) for b in after)
-    if not delta or delta[-1][1] == 0:
-        return "-"
-    target = q * delta[-1][1]
-    for bound, count in delta:
-        if count >= target:
-            return "≤ %g ms" % (bound * 1000) if bound != float("inf") else "> largest bucket"
-    return "-"
 
 
 def run(cp: ControlPlane, namespace: str, rate: float, seconds: float) -> list[float]:
@@ -128,7 +118,7 @@ def main() -> int:
                 release.start_webhook()
                 probe = dict(POD, metadata={**POD["metadata"], "namespace": ns})
                 conftest.wait_for("the webhook to mutate",
-                                  lambda: "volumes" in cluster.create_pod(probe)["spec"]
+                                  lambda probe=probe: "volumes" in cluster.create_pod(probe)["spec"]
                                   and any(v["name"] == "scratch" for v in cluster.create_pod(probe)["spec"]["volumes"]))
             run(cp, ns, args.rate, min(3.0, args.seconds))  # warm-up: connections, caches
             before = webhook_histogram(cp)
@@ -144,7 +134,7 @@ def main() -> int:
         print("|---|---|---|---|---|")
         for mode, (lat, before, after) in results.items():
             print(f"| {mode} | {statistics.median(lat):.1f} ms | {quantile(lat, 0.99):.1f} ms | "
-                  f"{histogram_quantile(before, after, 0.5)} | {histogram_quantile(before, after, 0.99)} |")
+                  f"{bucket_quantile(before, after, 0.5)} | {bucket_quantile(before, after, 0.99)} |")
         base = [x for m in ("without webhook", "without webhook, again") for x in results[m][0]]
         with_ = results["with webhook"][0]
         print(f"\nadded by the webhook: p50 {statistics.median(with_) - statistics.median(base):+.1f} ms, "

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by load.sh and faults.sh (sourced): the request body and wrk's script to POST it.
 # The review as the API server sends it: compact JSON, as Go's encoding/json writes it (the
 # fixture in tests/data/review.json is pretty-printed for people: 11.6 KB instead of 4.3 KB).

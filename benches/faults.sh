@@ -39,10 +39,10 @@ for n in 1 2 3 4 5; do leaf $n; done
 kubelet_write 1
 printf 'profiles:\n  tmp: {mountPath: /a, emptyDir: {sizeLimit: 1Gi}}\n' > "$work/config.yaml"
 
-start() { # extra args...
+start() {
   "$BIN" serve --drain-delay-seconds "$DURATION" --listen 127.0.0.1:443 --admin-listen 127.0.0.1:18080 \
     --tls-cert "$secret/tls.crt" --tls-key "$secret/tls.key" --config "$work/config.yaml" \
-    --log-format json --log-level info "$@" 2>>"$work/server.log" &
+    --log-format json --log-level info 2>>"$work/server.log" &
   PID=$!
   until curl -s -o /dev/null --cacert "$work/ca.crt" -X POST --data-binary @"$BODY" https://localhost/mutate; do sleep 0.01; done
 }
@@ -159,7 +159,6 @@ for shape in ${SHAPES:-h2-no-preface h1-no-body h1-trickle h2-idle}; do
   python3 benches/holders.py "$shape" "$HOLD" "$(( DURATION + 4 ))" > "$work/hold-$shape.txt" 2>&1 &
   A=$!
   sleep 4
-  readys=""
   ( for _ in 1 2 3; do sleep $(( DURATION / 3 )); curl -s -o /dev/null -w '%{http_code} ' localhost:18080/readyz; done ) > "$work/ready-$shape.txt" &
   R=$!
   normal "$work/hold-normal-$shape.txt"

@@ -84,7 +84,7 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.1)
-        ctx = ssl.create_default_context(cafile=str(work / "ephemeral-volume-injector-ca.crt"))
+        ctx = ssl.create_default_context(cafile=str(work / f"ephemeral-volume-injector-{port}-ca.crt"))
         body = largest_review()
         print(f"review {len(body) / 2**20:.2f} MiB; idle peak RSS {peak_kib(proc.pid) / 1024:.1f} MiB")
         print("| senders at once | answers | peak RSS |\n|---|---|---|")

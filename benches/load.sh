@@ -6,20 +6,38 @@
 # chart runs it: JSON logs at info, one decision line per request.
 #
 #   bash benches/load.sh            # ROUNDS=5 DURATION=10 CONNS=25 RATE=1000
+#   bash benches/load.sh --guard    # CI's short form: wrk only, ROUNDS=4 DURATION=3
+#   BEFORE=path/to/older/binary bash benches/load.sh   # a third server alternated: before/after
 #
-# Needs wrk and hey (apt-get install wrk hey). Prints medians, ratios and a Markdown table.
+# --guard is CI's regression guard (make release, on the binaries that stage built: the static
+# musl ones at CI's optimisation level, BIN and BASE): it prints the ratios and fails only when
+# the CPU ratio is more than 1.5x the figure benches/README.md records for this method (its
+# "guard:" line), so that a noisy shared machine never turns CI red.
+#
+# Needs wrk (and hey, except with --guard): apt-get install wrk hey. Prints medians, ratios and
+# a Markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GUARD=false
+[ "${1:-}" = "--guard" ] && GUARD=true
+if $GUARD; then
+  ROUNDS="${ROUNDS:-4}"; DURATION="${DURATION:-3}"
+fi
 ROUNDS="${ROUNDS:-5}"; DURATION="${DURATION:-10}"; CONNS="${CONNS:-25}"; RATE="${RATE:-1000}"
 # hey 0.1.4 (Debian) sends the port inside SNI ("localhost:8443"), which rustls rightly refuses;
-# on 443 there is no port in the URL. Both servers take turns on it (run as root).
-PORT="${PORT:-443}"; ADMIN_PORT=18080
+# on 443 there is no port in the URL. Both servers take turns on it (run as root). The guard
+# runs no hey: any free port will do.
+if $GUARD; then PORT="${PORT:-18443}"; else PORT="${PORT:-443}"; fi
+ADMIN_PORT=18080
 # As deployed (Dockerfile, chart): mimalloc commits memory on demand instead of a whole arena.
 export MIMALLOC_ARENA_EAGER_COMMIT="${MIMALLOC_ARENA_EAGER_COMMIT:-0}"
 work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
-BIN=target/release/ephemeral-volume-injector
-BASE=target/release/examples/tls-baseline
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
+  BIN=target/release/ephemeral-volume-injector
+  BASE=target/release/examples/tls-baseline
+fi
+: "${BASE:?BASE (the baseline server) is needed with BIN}"
 . benches/common.sh
 write_wrk_script "$work/post.lua"
 clk=$(getconf CLK_TCK)
@@ -29,12 +47,14 @@ rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 
 start_server() { # name -> sets PID, URL, STARTUP_MS
   local t0; t0=$(date +%s%N)
-  if [ "$1" = webhook ]; then
-    taskset -c 0 "$BIN" serve --listen 127.0.0.1:$PORT --admin-listen 127.0.0.1:$ADMIN_PORT \
+  if [ "$1" = webhook ] || [ "$1" = before ]; then
+    local bin="$BIN"
+    [ "$1" = webhook ] || bin="$BEFORE"
+    taskset -c 0 "$bin" serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
       --ca-out "$work/ca.crt" --log-format json --log-level info 2>"$work/$1.log" &
     URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   else
-    taskset -c 0 "$BASE" 127.0.0.1:$PORT "$work/ca.crt" 2>"$work/$1.log" &
+    taskset -c 0 "$BASE" "127.0.0.1:$PORT" "$work/ca.crt" 2>"$work/$1.log" &
     URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   fi
   PID=$!
@@ -44,34 +64,61 @@ start_server() { # name -> sets PID, URL, STARTUP_MS
 
 results="$work/results.jsonl"
 for round in $(seq 1 "$ROUNDS"); do
-  for name in baseline webhook; do
+  for name in baseline webhook ${BEFORE:+before}; do
     start_server "$name"
     sleep 1
     idle=$(rss_kib "$PID" VmRSS)
+    # RSS is the process's own memory (anonymous) plus the pages of its executable mapped from
+    # the page cache (file): the second is mostly how much of the binary is cached and mapped.
+    idle_anon=$(rss_kib "$PID" RssAnon)
     c0=$(cpu_ticks "$PID")
     taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$work/post.lua" --latency "$URL" > "$work/wrk.txt"
     c1=$(cpu_ticks "$PID")
     reqs=$(awk '/requests in/ {print $1}' "$work/wrk.txt")
     rps=$(awk '/Requests\/sec/ {print $2}' "$work/wrk.txt")
     errors=$(awk '/Non-2xx|Socket errors/ {print}' "$work/wrk.txt" | tr '\n' ' ')
-    taskset -c 1 hey -z "${DURATION}s" -c "$CONNS" -q $(( RATE / CONNS )) -m POST -T application/json \
-      -D "$BODY" "$URL" > "$work/hey.txt"
-    p50=$(awk '/ 50% in/ {print $3}' "$work/hey.txt"); p99=$(awk '/ 99% in/ {print $3}' "$work/hey.txt")
-    hey_rps=$(awk '/Requests\/sec/ {print $2}' "$work/hey.txt")
-    hey_errors=$(awk '/Error distribution/,0' "$work/hey.txt" | tail -n +2 | tr '\n' ' ')
+    if $GUARD; then
+      p50=0; p99=0; hey_rps=0; hey_errors=""
+    else
+      taskset -c 1 hey -z "${DURATION}s" -c "$CONNS" -q $(( RATE / CONNS )) -m POST -T application/json \
+        -D "$BODY" "$URL" > "$work/hey.txt"
+      p50=$(awk '/ 50% in/ {print $3}' "$work/hey.txt"); p99=$(awk '/ 99% in/ {print $3}' "$work/hey.txt")
+      hey_rps=$(awk '/Requests\/sec/ {print $2}' "$work/hey.txt")
+      hey_errors=$(awk '/Error distribution/,0' "$work/hey.txt" | tail -n +2 | tr '\n' ' ')
+    fi
     peak=$(rss_kib "$PID" VmHWM)
     kill -TERM "$PID"; wait "$PID" 2>/dev/null || true
-    printf '{"round":%d,"name":"%s","rps":%s,"reqs":%s,"cpu_s":%s,"idle_kib":%s,"peak_kib":%s,"p50_s":%s,"p99_s":%s,"fixed_rps":%s,"startup_ms":%s,"errors":"%s"}\n' \
-      "$round" "$name" "$rps" "$reqs" "$(echo "($c1 - $c0) / $clk" | bc -l)" "$idle" "$peak" "$p50" "$p99" "$hey_rps" "$STARTUP_MS" "$errors$hey_errors" >> "$results"
+    printf '{"round":%d,"name":"%s","rps":%s,"reqs":%s,"cpu_s":%s,"idle_kib":%s,"idle_anon_kib":%s,"peak_kib":%s,"p50_s":%s,"p99_s":%s,"fixed_rps":%s,"startup_ms":%s,"errors":"%s"}\n' \
+      "$round" "$name" "$rps" "$reqs" "$(echo "($c1 - $c0) / $clk" | bc -l)" "$idle" "$idle_anon" "$peak" "$p50" "$p99" "$hey_rps" "$STARTUP_MS" "$errors$hey_errors" >> "$results"
     echo "round $round $name: $rps req/s, p99 at ${RATE}/s ${p99}s, peak RSS ${peak} KiB ${errors}${hey_errors}" >&2
   done
 done
 
 size=$(stat -c %s "$BIN")
-python3 - "$results" "$size" "$ROUNDS" "$DURATION" "$CONNS" "$RATE" <<'PY'
-import json, statistics as st, sys
-path, size, rounds, duration, conns, rate = sys.argv[1:]
+python3 - "$results" "$size" "$ROUNDS" "$DURATION" "$CONNS" "$RATE" "$GUARD" <<'PY'
+import json, re, statistics as st, sys
+path, size, rounds, duration, conns, rate, guard = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
+if guard == "true":
+    # CI's guard: the ratios, and a failure only for a gross regression or failed requests.
+    def per_req(name): return st.median(r["cpu_s"] / r["reqs"] for r in rows if r["name"] == name)
+    def rps(name): return st.median(r["rps"] for r in rows if r["name"] == name)
+    cpu = per_req("webhook") / per_req("baseline")
+    tp = rps("webhook") / rps("baseline")
+    m = re.search(r"Guard figure[^\n]*?CPU ratio \*\*([\d.]+)\*\*", open("benches/README.md").read())
+    if not m:
+        sys.exit("load guard: benches/README.md records no 'Guard figure ... CPU ratio **N**' line")
+    recorded = float(m.group(1))
+    print(f"load guard: {rounds} rounds x {duration}s; CPU per request: webhook {per_req('webhook')*1e6:.1f} us, "
+          f"baseline {per_req('baseline')*1e6:.1f} us, ratio {cpu:.2f} (recorded {recorded:.2f}, fails above {1.5*recorded:.2f}); "
+          f"throughput ratio {tp:.2f}")
+    errs = [(r["name"], r["errors"]) for r in rows if r["errors"].strip()]
+    if errs:
+        sys.exit(f"load guard: failed requests: {errs[:3]}")
+    if cpu > 1.5 * recorded:
+        sys.exit(f"load guard: the webhook's CPU per request is {cpu:.2f}x the bare TLS server's, more than 1.5x "
+                 f"the {recorded:.2f}x benches/README.md records: a gross regression (profile it: benches/README.md)")
+    sys.exit(0)
 def med(name, key): return st.median(r[key] for r in rows if r["name"] == name)
 def cpu_per_req(name): return st.median(r["cpu_s"] / r["reqs"] for r in rows if r["name"] == name)
 b, w = "baseline", "webhook"
@@ -87,9 +134,13 @@ print(f"| server CPU per request (µs) | {cpu_per_req(b)*1e6:.1f} | {cpu_per_req
 print(f"| p50 at {rate}/s (ms) | {med(b,'p50_s')*1e3:.3f} | {med(w,'p50_s')*1e3:.3f} | |")
 print(f"| p99 at {rate}/s (ms) | {med(b,'p99_s')*1e3:.3f} | {med(w,'p99_s')*1e3:.3f} | {p99_ratio:.2f} (goals ≤ 1 ms: {ok(med(w,'p99_s') <= 0.001)}, ≤ 1.2×: {ok(p99_ratio <= 1.2)}) |")
 print(f"| idle RSS (MiB) | {med(b,'idle_kib')/1024:.1f} | {med(w,'idle_kib')/1024:.1f} | goal ≤ 10: {ok(med(w,'idle_kib')/1024 <= 10)} |")
+print(f"| idle RSS: anonymous, its own memory (MiB) | {med(b,'idle_anon_kib')/1024:.1f} | {med(w,'idle_anon_kib')/1024:.1f} | the rest is the executable mapped from the page cache |")
 print(f"| peak RSS under load (MiB) | {med(b,'peak_kib')/1024:.1f} | {med(w,'peak_kib')/1024:.1f} | goal ≤ 20: {ok(med(w,'peak_kib')/1024 <= 20)} |")
 print(f"| start to first TLS response (ms) | {med(b,'startup_ms'):.0f} | {med(w,'startup_ms'):.0f} | |")
 print(f"| stripped release binary (MB) | | {int(size)/1e6:.2f} | goal ≤ 10: {ok(int(size)/1e6 <= 10)} |")
+if any(r["name"] == "before" for r in rows):
+    bc = cpu_per_req("before") / cpu_per_req(b)
+    print(f"| before (BEFORE=): throughput, CPU per request | {med('before','rps'):,.0f} req/s | {cpu_per_req('before')*1e6:.1f} µs | {med('before','rps')/med(b,'rps'):.2f}, {bc:.2f} (after/before CPU: {cpu/bc:.2f}) |")
 errs = [r for r in rows if r["errors"].strip()]
 print(f"| runs with errors | | | {len(errs)} {[ (r['name'], r['errors']) for r in errs][:3]} |")
 PY

@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from conftest import CHART, RELEASE_NS, Cluster, wait_for  # noqa: E402
-from controlplane import ControlPlane  # noqa: E402
-from node import BUSYBOX_IMAGE, TAINT, Node  # noqa: E402
-from registry import Registry  # noqa: E402
+from conftest import CHART, RELEASE_NS, Cluster, wait_for  # noqa: E402 - after the sys.path insert above
+from controlplane import ControlPlane  # noqa: E402 - after the sys.path insert above
+from node import BUSYBOX_IMAGE, TAINT, Node  # noqa: E402 - after the sys.path insert above
+from registry import Registry  # noqa: E402 - after the sys.path insert above
 
 NS = "startup"
 RELEASE = "evi-bench"
@@ -125,7 +125,7 @@ def main() -> int:
                     n += 1
                     name = f"p{n}"
                     started = create(cp, ctx, name)
-                    wait_for(f"{name} Running", lambda: watch.running.get(name), timeout=60, interval=0.005)
+                    wait_for(f"{name} Running", lambda name=name: watch.running.get(name), timeout=60, interval=0.005)
                     results[mode].append(watch.running[name] - started)
                     names.append(name)
                 injected = cluster.get("pod", names[-1], "-n", NS)["spec"].get("volumes", [])

@@ -9,18 +9,21 @@
 #             parses the dashboard's queries; built without service discovery plugins (the tags).
 #   prometheus  the server of the same release and tags (file service discovery only): scrapes
 #             the webhook on the tests' node and evaluates the chart's alerts (its API, no web UI).
+#   kwok      sigs.k8s.io/kwok's controller (fake nodes and pods for benches/scale.py), with the
+#             stages kwokctl gives it, as published in the module (stages/: nodes Ready, pods
+#             run and finished, PVCs provisioned and bound).
 # and cert-manager v1.21 (tests/controlplane/certmanager: its controllers and CA injector, with
 # its CRDs), cached by the hash of that module's go.sum and source.
 # Prints the directory holding a bin/ with a link to each. With --download-only it downloads
 # the modules of what is not yet built and builds nothing (.ci/prefetch-go.sh). Names given
-# (registry crane cosign promtool prometheus cert-manager) build only those. Each build holds a lock of its
+# (registry crane cosign promtool prometheus kwok cert-manager) build only those. Each build holds a lock of its
 # own, so that two runs (CI's background build and a stage) never build one tool twice: the
 # second waits, then finds it built.
 #   bash tests/release/build-tools.sh [--download-only] [NAME...]
 set -euo pipefail
 download_only=false
 [ "${1:-}" = "--download-only" ] && { download_only=true; shift; }
-wanted=" ${*:-registry crane cosign promtool prometheus cert-manager} "
+wanted=" ${*:-registry crane cosign promtool prometheus kwok cert-manager} "
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 out="$TOOLS_DIR/release"
 mkdir -p "$out/bin"
@@ -35,6 +38,7 @@ tools=(
   "cosign github.com/sigstore/cosign/v3/cmd/cosign v3.1.3"
   "promtool github.com/prometheus/prometheus/cmd/promtool v0.316.0 remove_all_sd"
   "prometheus github.com/prometheus/prometheus/cmd/prometheus v0.316.0 remove_all_sd"
+  "kwok sigs.k8s.io/kwok/cmd/kwok v0.8.0"
 )
 build_tool() { # name pkg version tags dir
   local name="$1" pkg="$2" version="$3" tags="$4" dir="$5" start
@@ -44,6 +48,15 @@ build_tool() { # name pkg version tags dir
   rm -rf "$dir.tmp"
   mkdir -p "$dir.tmp"
   GOBIN="$dir.tmp" CGO_ENABLED=0 GOFLAGS="-trimpath -gcflags=all=-dwarf=false" go install -tags "$tags" -ldflags "-s -w" "$pkg@$version" >&2
+  if [ "$name" = kwok ]; then
+    # The stages kwokctl would give it: nodes Ready with a lease, pods run and finished, PVCs.
+    local stages
+    stages="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$version/kustomize/stage"
+    mkdir -p "$dir.tmp/stages"
+    cp "$stages/node/fast/node-initialize.yaml" "$stages/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+      "$stages/pod/fast/"pod-*.yaml "$stages/volume/fast/"p*.yaml "$stages/volume/fast/storage-class.yaml" \
+      "$dir.tmp/stages/"
+  fi
   rm -rf "$dir"
   mv "$dir.tmp" "$dir"
   echo "$name $version built in $(( $(date +%s) - start )) s" >&2
@@ -59,6 +72,7 @@ for entry in "${tools[@]}"; do
   fi
   locked "$out/$name.lock" build_tool "$name" "$pkg" "$version" "$tags" "$dir"
   ln -sfn "$dir/$name" "$out/bin/$name"
+  [ "$name" != kwok ] || ln -sfn "$dir/stages" "$out/kwok-stages"
 done
 if [[ "$wanted" != *" cert-manager "* ]]; then
   $download_only || echo "$out"
