@@ -223,8 +223,9 @@ struct Raw<'a> {
     containers: Option<Vec<String>>,
     init_containers: Option<InitTargets>,
     env: Option<Vec<String>>,
-    /// Per source (see [`Fit`]), the shorthands written that do not apply to it, in order.
-    misfits: [Vec<&'a str>; 5],
+    /// The shorthands written, in order: each source (see [`Fit`]) refuses those it does not
+    /// accept.
+    shorthands: Vec<&'a str>,
     /// The fields given with a value that was refused: their absence is not reported again.
     failed: Vec<&'a str>,
 }
@@ -240,14 +241,6 @@ enum Fit {
 }
 
 impl Fit {
-    const ALL: [Fit; 5] = [
-        Fit::Profile,
-        Fit::EmptyDir,
-        Fit::Csi,
-        Fit::Ephemeral,
-        Fit::Json,
-    ];
-
     fn accepts(self, shorthand: &str) -> bool {
         match self {
             Fit::Profile => shorthand == "size",
@@ -272,13 +265,9 @@ fn put<T>(slot: &mut Option<T>, field: &str, value: T) -> Result<(), Invalid> {
 }
 
 impl<'a> Raw<'a> {
-    /// Remembers, in written order, the shorthands each source would refuse.
+    /// Remembers a shorthand, in written order.
     fn note_shorthand(&mut self, key: &'a str) {
-        for fit in Fit::ALL {
-            if !fit.accepts(key) {
-                self.misfits[fit as usize].push(key);
-            }
-        }
+        self.shorthands.push(key);
     }
 
     fn failed(&self, field: &str) -> bool {
@@ -513,7 +502,7 @@ impl<'a> Raw<'a> {
     /// Refuses each shorthand written that does not fit `fit` (`context` says what the volume
     /// is, for the message).
     fn only(&self, fit: Fit, problems: &mut Problems, context: impl Fn() -> String) {
-        for s in &self.misfits[fit as usize] {
+        for s in self.shorthands.iter().filter(|s| !fit.accepts(s)) {
             problems.push(format!("{s} does not apply to {}", context()));
         }
     }

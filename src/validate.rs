@@ -236,7 +236,7 @@ pub fn mount_path(p: &str) -> Result<(), Invalid> {
     if !p.starts_with('/') {
         return bad(format!("mountPath {} must be an absolute path", quoted(p)));
     }
-    if normalize_path(p) == "/" {
+    if path_parts(p).next().is_none() {
         return bad(format!(
             "mountPath {} is the container's root; mount the volume below it",
             quoted(p)
@@ -258,7 +258,7 @@ pub fn mount_path(p: &str) -> Result<(), Invalid> {
 /// `/scratch/a`). Mount paths are written and compared in this form.
 pub fn normalize_path(p: &str) -> String {
     let mut out = String::with_capacity(p.len());
-    for part in p.split('/').filter(|part| !part.is_empty() && *part != ".") {
+    for part in path_parts(p) {
         out.push('/');
         out.push_str(part);
     }
@@ -266,6 +266,16 @@ pub fn normalize_path(p: &str) -> String {
         out.push('/');
     }
     out
+}
+
+/// Whether two paths are one in [`normalize_path`]'s spelling (compared part by part, without
+/// writing either out: the engine compares every mount of a pod with each volume it adds).
+pub fn same_path(a: &str, b: &str) -> bool {
+    path_parts(a).eq(path_parts(b))
+}
+
+fn path_parts(p: &str) -> impl Iterator<Item = &str> {
+    p.split('/').filter(|part| !part.is_empty() && *part != ".")
 }
 
 /// Whether a `..` path element occurs (a plain byte scan first: most paths have no `..`).
@@ -402,5 +412,33 @@ mod tests {
         assert!(sub_path("x/../y").is_err());
         assert!(sub_path("..").is_err());
         assert!(sub_path("a..").is_ok());
+    }
+
+    #[test]
+    fn paths_are_the_same_exactly_when_their_one_spelling_is() {
+        let paths = [
+            "/scratch",
+            "/scratch/",
+            "//scratch",
+            "/./scratch/.",
+            "/scratch/a",
+            "/scratch//a/./",
+            "/scratcha",
+            "/",
+            "//",
+            "/.",
+            "/scratch/a/b",
+        ];
+        for a in paths {
+            for b in paths {
+                assert_eq!(
+                    same_path(a, b),
+                    normalize_path(a) == normalize_path(b),
+                    "{a:?} and {b:?}"
+                );
+            }
+        }
+        assert!(mount_path("/./").is_err(), "the root in another spelling");
+        assert!(mount_path("/scratch").is_ok());
     }
 }

@@ -10,7 +10,7 @@ use crate::{
     patch,
     pod::{ContainerView, PodView, QuantityText},
     quantity::Quantity,
-    validate::normalize_path,
+    validate::same_path,
     volume::{Medium, VolumeKind},
 };
 
@@ -218,7 +218,6 @@ fn mount(
     v: &Resolved,
     volumes: &[Resolved],
 ) -> Result<(), Denial> {
-    let want = normalize_path(&v.mount_path);
     let existing = c
         .volume_mounts
         .iter()
@@ -231,7 +230,7 @@ fn mount(
         .map(|m| (m.mount_path.as_str(), m.name.as_str()));
     let taken = existing
         .chain(added)
-        .find(|(path, _)| normalize_path(path) == want);
+        .find(|(path, _)| same_path(path, &v.mount_path));
     match taken {
         Some((_, name)) if name == v.name => Ok(()),
         Some((_, other)) => {
