@@ -18,17 +18,6 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-/// The engine bench's review of `input` (a pod CREATE as the API server sends it).
-fn pod_review(input: &str) -> Vec<u8> {
-    let pod = common::read_input(input);
-    serde_json::to_vec(&common::review_for(
-        &pod,
-        "nf",
-        "705ab4f5-6393-11e8-b7cc-42010a800002",
-    ))
-    .unwrap()
-}
-
 /// Allocations and bytes allocated by one call of `f` (the same every call: it is run once
 /// first, so that lazily built state is not counted).
 fn count(mut f: impl FnMut()) -> (usize, usize) {
@@ -58,12 +47,12 @@ fn main() {
         (
             "job-mode pod at /mutate",
             review::Endpoint::Mutate,
-            pod_review("nextflow-job-mode"),
+            common::pod_review_bytes("nextflow-job-mode"),
         ),
         (
             "pod-mode pod at /mutate",
             review::Endpoint::Mutate,
-            pod_review("nextflow-pod-mode"),
+            common::pod_review_bytes("nextflow-pod-mode"),
         ),
         ("job-mode Job at /validate", review::Endpoint::Validate, job),
     ];

@@ -17,18 +17,6 @@ use serde_json::Value;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-/// A pod CREATE review as the API server sends it: the object defaulted, with the client's
-/// `managedFields` (the field manager runs before admission), in the job controller's name.
-fn body(input: &str) -> Vec<u8> {
-    let pod = common::read_input(input);
-    serde_json::to_vec(&common::review_for(
-        &pod,
-        "nf",
-        "705ab4f5-6393-11e8-b7cc-42010a800002",
-    ))
-    .unwrap()
-}
-
 fn bench(c: &mut Criterion) {
     let cfg = Config::load(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -41,7 +29,7 @@ fn bench(c: &mut Criterion) {
         ("job-mode", "nextflow-job-mode"),
         ("pod-mode", "nextflow-pod-mode"),
     ] {
-        let body = body(input);
+        let body = common::pod_review_bytes(input);
         assert!(
             matches!(
                 review::handle(&cfg, None, review::Endpoint::Mutate, &body)
@@ -73,7 +61,7 @@ fn bench(c: &mut Criterion) {
     let pod = common::read_input("nextflow-job-mode");
     let job = common::workload_of("Job", &pod);
     let job_body = serde_json::to_vec(&common::workload_review(&job, None, "nf")).unwrap();
-    let pod_body = body("nextflow-job-mode");
+    let pod_body = common::pod_review_bytes("nextflow-job-mode");
     assert!(
         review::handle(&cfg, None, review::Endpoint::Validate, &job_body)
             .unwrap()
@@ -105,7 +93,7 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
-    let body = body("nextflow-pod-mode");
+    let body = common::pod_review_bytes("nextflow-pod-mode");
     let mut g = c.benchmark_group("pod-mode-breakdown");
     // The pod alone, read as the engine reads it (the body's UTF-8 checked once, parsed as str).
     let pod_text = serde_json::to_string(

@@ -69,6 +69,18 @@ pub fn workload_of(kind: &str, pod: &Value) -> Value {
     object
 }
 
+/// The bytes of a pod CREATE review of golden case `case`'s pod in namespace `nf`, as the
+/// benchmarks send it: the object defaulted, with the client's `managedFields` (the field
+/// manager runs before admission), in the job controller's name.
+pub fn pod_review_bytes(case: &str) -> Vec<u8> {
+    serde_json::to_vec(&review_for(
+        &read_input(case),
+        "nf",
+        "705ab4f5-6393-11e8-b7cc-42010a800002",
+    ))
+    .unwrap()
+}
+
 /// An AdmissionReview as the API server sends it to the workload webhook for `operation`
 /// (`CREATE`, or `UPDATE` with `old`) of `object`.
 pub fn workload_review(object: &Value, old: Option<&Value>, namespace: &str) -> Value {
