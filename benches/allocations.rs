@@ -69,4 +69,11 @@ fn main() {
         });
         println!("{name} | {} | {scan} | {allocations}, {bytes}", body.len());
     }
+    // The decision log line, formatted into `io::sink` (benches/log_line.rs times it).
+    println!("decision log line | allocations, bytes allocated");
+    for (name, dispatch) in common::log_formats() {
+        let (allocations, bytes) =
+            tracing::dispatcher::with_default(&dispatch, || count(common::decision_line));
+        println!("{name} | {allocations}, {bytes}");
+    }
 }

@@ -28,13 +28,9 @@ pub(super) fn init_logging(args: &ServeArgs) -> tracing_appender::non_blocking::
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
     let _ = match args.log_format {
-        // The webhook opens no spans: the JSON lines need not look for them.
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .try_init(),
+        // One JSON object per line, written straight into the line (json_log.rs); the
+        // webhook opens no spans, so the lines carry none.
+        LogFormat::Json => builder.event_format(super::json_log::JsonLines).try_init(),
         LogFormat::Text => builder.try_init(),
     };
     guard

@@ -13,6 +13,7 @@ mod admin;
 mod args;
 mod certs;
 mod connection;
+pub mod json_log;
 mod listener;
 mod logging;
 mod metrics;

@@ -140,3 +140,38 @@ pub fn read_input(case: &str) -> Value {
         .unwrap_or_else(|e| panic!("{}: no input: {e}", dir.display()));
     yaml_serde::from_str(&text).unwrap()
 }
+
+/// The line src/server/webhook.rs logs for a mutated pod, with realistic values (the log
+/// line benches: benches/log_line.rs and benches/allocations.rs).
+pub fn decision_line() {
+    use std::hint::black_box;
+    tracing::info!(
+        uid = %black_box("0d5c7a1e-8b7e-4d3c-9a51-3c1f2e4b5a60"),
+        namespace = %black_box("nextflow"),
+        pod = %black_box("nf-3f2a9c0e5b7d41a6-x7k2p"),
+        owner = %black_box("Job/nf-3f2a9c0e5b7d41a6"),
+        dry_run = black_box(false),
+        volumes = %black_box("scratch,ramdisk"),
+        "mutated"
+    );
+}
+
+/// The JSON log formats the webhook has had, each writing into `io::sink`: the one it writes
+/// (src/server/json_log.rs) and `tracing-subscriber`'s, with the options it was used with.
+pub fn log_formats() -> [(&'static str, tracing::Dispatch); 2] {
+    let library = tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(false)
+        .finish();
+    let ours = tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .event_format(evi::server::json_log::JsonLines)
+        .finish();
+    [
+        ("tracing-subscriber json", tracing::Dispatch::new(library)),
+        ("json_log", tracing::Dispatch::new(ours)),
+    ]
+}
