@@ -21,7 +21,7 @@ CATEGORIES = [  # (name, frames that mark it, |-separated), most specific first
     ("kernel: write (TLS records out, loopback delivery)", "__GI___writev"),
     ("HTTP/TLS read (hyper, rustls, kernel)", "poll_read"),
     ("TLS other (rustls)", "rustls::"),
-    ("log writer thread", "tracing_appender::worker|crossbeam_channel"),
+    ("log writer thread", "log_writer::write_batches|tracing_appender::worker|crossbeam_channel"),
     ("epoll", "epoll_wait"),
 ]
 

@@ -11,7 +11,6 @@
 
 use std::borrow::Cow;
 
-use base64::{Engine as _, engine::general_purpose::STANDARD};
 use kube_core::admission::Operation;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -418,12 +417,9 @@ fn encode(
     }
     if let Some(p) = patch {
         out.extend_from_slice(b",\"patchType\":\"JSONPatch\",\"patch\":\"");
-        let start = out.len();
-        out.resize(start + base64::encoded_len(p.len(), true).unwrap_or(0), 0);
-        let written = STANDARD
-            .encode_slice(p, &mut out[start..])
-            .map_err(|e| ReviewError::Serialize(serde::ser::Error::custom(e)))?;
-        out.truncate(start + written);
+        // Standard base64 with padding; SIMD where the CPU has it (the patch is most of the
+        // response's bytes: the `base64` crate's scalar encoder was ~5 % of a decision).
+        base64_simd::STANDARD.encode_append(p, &mut out);
         out.push(b'"');
     }
     if !decision.warnings().is_empty() {
@@ -445,7 +441,27 @@ mod tests {
         decision::{Denial, DenyReason},
         volume::VolumeKind,
     };
+    use base64::{Engine as _, engine::general_purpose::STANDARD};
     use serde_json::{Value, json};
+
+    #[test]
+    fn the_patch_is_standard_base64_whatever_its_length() {
+        // Every remainder of the length by 3 (padding "", "==", "="), read back by another
+        // implementation than the one that wrote it.
+        for extra in 0..9 {
+            let mut patch = crate::patch::Patch::default();
+            patch.add(&format!("/a{}", "~".repeat(extra)), "v").unwrap();
+            let decision = Decision::Mutated {
+                patch: patch.clone(),
+                injected: Vec::new(),
+                warnings: Vec::new(),
+            };
+            let out: Value =
+                serde_json::from_slice(&encode("v", "k", "u", &decision, true).unwrap()).unwrap();
+            let text = out["response"]["patch"].as_str().unwrap();
+            assert_eq!(STANDARD.decode(text).unwrap(), patch.as_bytes(), "{text}");
+        }
+    }
 
     fn body(kind: &str, op: &str, object: Value) -> Vec<u8> {
         serde_json::to_vec(&json!({

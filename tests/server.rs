@@ -378,12 +378,13 @@ async fn configuration_reload_takes_good_files_and_refuses_bad_ones() {
             .await,
         1.0
     );
-    let logs = server.logs.lock().unwrap().clone();
-    assert!(
-        logs.iter()
-            .any(|l| l["error"].as_str().is_some_and(|e| e.contains("sizeLimt"))),
-        "the refusal names the problem: {logs:?}"
-    );
+    server
+        .wait_log(
+            |l| l["error"].as_str().is_some_and(|e| e.contains("sizeLimt")),
+            Duration::from_secs(5),
+            "the refusal names the problem",
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -946,12 +947,13 @@ async fn a_mismatched_key_swapped_in_the_kubelet_layout_is_a_counted_failure() {
             "the mismatched key was not counted",
         )
         .await;
-    let logs = server.logs.lock().unwrap().clone();
-    assert!(
-        logs.iter()
-            .any(|l| l["level"] == "ERROR" && l["reason"] == "key-mismatch"),
-        "the log says why: {logs:?}"
-    );
+    server
+        .wait_log(
+            |l| l["level"] == "ERROR" && l["reason"] == "key-mismatch",
+            Duration::from_secs(5),
+            "the log says why",
+        )
+        .await;
     // The old certificate is still served.
     let (_, request) = nextflow_review("after-mismatch");
     assert_eq!(

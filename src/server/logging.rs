@@ -4,7 +4,7 @@ use super::args::{LogFormat, ServeArgs};
 
 /// The log writer's guard: dropping it flushes the lines still buffered. Kept here so that
 /// the second-signal exit, which skips every destructor, can flush the log first.
-pub(super) static LOG_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
+pub(super) static LOG_GUARD: std::sync::Mutex<Option<super::log_writer::WriterGuard>> =
     std::sync::Mutex::new(None);
 
 /// Writes out the lines still buffered.
@@ -13,15 +13,24 @@ pub(super) fn flush_log() {
     drop(guard);
 }
 
-/// Logs go to stderr through a background writer: a decision line costs a channel send on
-/// the request path instead of a write(2). Lines are never dropped (lossy = false).
-pub(super) fn init_logging(args: &ServeArgs) -> tracing_appender::non_blocking::WorkerGuard {
+/// Logs go to stderr through a background writer: a decision line costs a copy into its
+/// buffer on the request path, the writes are batched (log_writer.rs). Lines are never
+/// dropped. `None` if the writer's thread cannot be started: the lines then go to stderr
+/// directly.
+pub(super) fn init_logging(args: &ServeArgs) -> Option<super::log_writer::WriterGuard> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .buffered_lines_limit(4096)
-        .finish(std::io::BufWriter::new(std::io::stderr()));
+    let (writer, guard) = match super::log_writer::spawn(
+        std::io::stderr(),
+        super::log_writer::PERIOD,
+        super::log_writer::LIMIT,
+    ) {
+        Ok((writer, guard)) => (writer, Some(guard)),
+        Err(e) => {
+            eprintln!("cannot start the log writer's thread ({e}): logging to stderr directly");
+            (super::log_writer::LogWriter::direct(), None)
+        }
+    };
     // Colours only for a person at a terminal, never in a file or a log collector.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

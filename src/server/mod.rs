@@ -15,6 +15,7 @@ mod certs;
 mod connection;
 pub mod json_log;
 mod listener;
+mod log_writer;
 mod logging;
 mod metrics;
 mod reload;
@@ -145,7 +146,7 @@ pub enum ServeError {
 /// Runs `serve` until SIGTERM or SIGINT; exits 2 if it cannot start.
 pub fn run(args: ServeArgs) -> ExitCode {
     if let Ok(mut g) = LOG_GUARD.lock() {
-        *g = Some(init_logging(&args));
+        *g = init_logging(&args);
     }
     let code = run_logged(args);
     flush_log();

@@ -192,6 +192,25 @@ impl Server {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Waits for a log line that `matches` (lines are written in batches, a few ms after the
+    /// event), failing with `what` and the lines so far after `within`.
+    pub async fn wait_log(
+        &self,
+        matches: impl Fn(&Value) -> bool,
+        within: Duration,
+        what: &str,
+    ) -> Value {
+        let t = Instant::now();
+        loop {
+            if let Some(line) = self.logs.lock().unwrap().iter().find(|l| matches(l)) {
+                return line.clone();
+            }
+            let logs = self.logs.lock().unwrap().clone();
+            assert!(t.elapsed() < within, "{what}: {logs:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until a metric reaches `at_least`, failing with `what` after `within`.
     pub async fn wait_metric(
         &self,
