@@ -152,8 +152,8 @@ mod tests {
 
     use super::*;
 
-    /// The lines written while `f` runs, with our format or the library's JSON format.
-    fn lines(ours: bool, f: impl FnOnce()) -> Vec<Value> {
+    /// The text written while `f` runs, with our format or the library's JSON format.
+    fn raw(ours: bool, f: impl FnOnce()) -> String {
         let out = Arc::new(Mutex::new(Vec::<u8>::new()));
         let sink = out.clone();
         let writer = move || Sink(sink.clone());
@@ -171,8 +171,13 @@ mod tests {
                 .finish();
             tracing::subscriber::with_default(library, f);
         }
-        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
-        text.lines()
+        String::from_utf8(out.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Each line written while `f` runs, parsed.
+    fn lines(ours: bool, f: impl FnOnce()) -> Vec<Value> {
+        raw(ours, f)
+            .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
             .collect()
     }
@@ -232,20 +237,9 @@ mod tests {
 
     #[test]
     fn fields_keep_the_order_they_were_recorded_in() {
-        let line = lines(true, events).remove(0);
-        let keys: Vec<&String> = line.as_object().unwrap().keys().collect();
-        // serde_json's map is sorted unless preserve_order: read the raw line instead.
-        assert!(keys.contains(&&"message".to_owned()));
-        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || Sink(sink.clone()))
-            .event_format(JsonLines)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::info!(uid = "u", namespace = "nf", "mutated");
+        let text = raw(true, || {
+            tracing::info!(uid = "u", namespace = "nf", "mutated")
         });
-        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
         let order: Vec<usize> = [
             "\"timestamp\"",
             "\"level\"",
@@ -266,23 +260,16 @@ mod tests {
 
     #[test]
     fn a_log_crate_record_is_under_its_own_target() {
-        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || Sink(sink.clone()))
-            .event_format(JsonLines)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let line = lines(true, || {
             let record = log::Record::builder()
                 .args(format_args!("from the log crate"))
                 .level(log::Level::Warn)
                 .target("rustls::server")
                 .build();
             tracing_log::format_trace(&record).unwrap();
-        });
-        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
-        let line: Value = serde_json::from_str(text.trim_end()).unwrap();
-        assert_eq!(line["target"], "rustls::server", "{text}");
+        })
+        .remove(0);
+        assert_eq!(line["target"], "rustls::server", "{line}");
         assert_eq!(line["level"], "WARN");
         assert_eq!(line["message"], "from the log crate");
     }
