@@ -163,6 +163,12 @@ class Webhook:
                 pass
         return out
 
+    def wait_log(self, what: str, match, timeout: float = 5) -> list[dict]:
+        """The log lines that `match`, once there is one: the webhook writes its lines in
+        batches, a few milliseconds after the event."""
+        return wait_for(what, lambda: [line for line in self.log() if match(line)], timeout=timeout,
+                        interval=0.05, procs=self.proc)
+
 
 class Release:
     """The chart installed with helm, its webhook pointed at the binary running on loopback with

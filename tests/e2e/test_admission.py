@@ -196,7 +196,8 @@ def test_a_server_side_dry_run_shows_the_injection_and_stores_nothing(cluster, r
     assert shown["metadata"]["annotations"][INJECTED] == "scratch"
     assert cluster.kubectl("get", "pod", "dry", "-n", ns, check=False).returncode != 0
     assert release.webhook.metric("evi_admission_requests_total", result="mutated") == before + 1
-    assert any(line.get("dry_run") is True and line["message"] == "mutated" for line in release.webhook.log())
+    release.webhook.wait_log("the dry run's decision in the log",
+                             lambda line: line.get("dry_run") is True and line["message"] == "mutated")
 
 
 # === Pods that asked for nothing ===

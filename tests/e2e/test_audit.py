@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Release, pod, volumes_by_name
+from conftest import Release, pod, volumes_by_name, wait_for
 
 P = "audit.evi.test"
 INJECTED = f"injector.{P}/injected"
@@ -46,14 +46,17 @@ def create(cluster, obj: dict) -> tuple[dict, list[str]]:
 def test_an_audited_rule_injects_nothing_and_says_what_it_would_inject(cluster, release):
     ns = cluster.namespace("nf-audit")
     before = release.webhook.metric("evi_audit_decisions_total", source="rule/audited-scratch", result="mutated")
+    audited_before = len([e for e in release.webhook.log() if e.get("message") == "audited"])
     stored, warnings = create(cluster, pod(namespace=ns, labels={"nextflow.io/app": "nextflow"}))
     assert warnings == ["audit (rule/audited-scratch): would inject scratch"]
     assert "scratch" not in volumes_by_name(stored)
     assert INJECTED not in stored["metadata"].get("annotations", {})
     assert release.webhook.metric("evi_audit_decisions_total", source="rule/audited-scratch",
                                   result="mutated") == before + 1
-    logged = [e for e in release.webhook.log() if e.get("message") == "audited"]
-    assert logged and logged[-1]["sources"] == "rule/audited-scratch" and logged[-1]["result"] == "mutated", logged[-1:]
+    def audited_since():  # the log is written in batches, a few ms after the decision
+        return [e for e in release.webhook.log() if e.get("message") == "audited"][audited_before:]
+    logged = wait_for("this pod's audit in the log", audited_since, timeout=5, interval=0.05)
+    assert logged[-1]["sources"] == "rule/audited-scratch" and logged[-1]["result"] == "mutated", logged[-1:]
 
 
 def test_an_audited_profile_over_policy_is_admitted_with_the_refusal_it_would_meet(cluster, release):

@@ -173,7 +173,7 @@ def test_started_before_the_api_server_is_reachable_it_becomes_ready_in_warn(clu
         assert status == 503 and "cluster" in body, body
         wait_for("ready after the sync timeout", lambda: wh.admin("/readyz")[0] == 200, timeout=10)
         assert wh.metric("evi_cluster_checks_degraded") == 1
-        assert any("have not arrived" in line.get("message", "") for line in wh.log())
+        wh.wait_log("the degraded checks in the log", lambda line: "have not arrived" in line.get("message", ""))
         asks = pod(namespace="nf", annotations={f"{P}/v": "type=csi,driver=missing.csi.example.com,mountPath=/s"})
         # Lists incomplete: enforce acts as warn (admitted, with the warning and the annotation).
         r = wh.review(asks, "nf", ca)

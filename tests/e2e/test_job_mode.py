@@ -182,8 +182,8 @@ def test_a_refusal_only_the_pod_can_show_reaches_the_jobs_failed_create_event(cl
         print(f"\nFailedCreate event: {message}")
         assert jobs.webhook.metric("evi_pod_denials_by_owner_total", owner_kind="Job",
                                    reason="cluster") > before
-        denied = [e for e in jobs.webhook.log() if e.get("message") == "denied"]
-        assert any(f.get("owner") == "Job/nf-resume" and ours in f.get("denial", "") for f in denied), denied
+        jobs.webhook.wait_log("the refusal in the log, with its owner", lambda e: e.get("message") == "denied"
+                              and e.get("owner") == "Job/nf-resume" and ours in e.get("denial", ""))
         # `kubectl describe job` is where a pipeline author finds it.
         described = cluster.kubectl("describe", "job", "nf-resume", "-n", NS).stdout
         assert "FailedCreate" in described and ours in described, described
