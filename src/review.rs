@@ -217,8 +217,12 @@ pub fn handle<'a>(
     body: &'a [u8],
 ) -> Result<Handled<'a>, ReviewError> {
     // JSON is UTF-8 (RFC 8259): the body is checked once, whole, so the parser need not check
-    // every string it reads (or every raw value it keeps) again.
-    let text = std::str::from_utf8(body).map_err(ReviewError::NotUtf8)?;
+    // every string it reads (or every raw value it keeps) again. simdutf8 checks it 16–32 bytes
+    // at a time (std's check was 2.8 % of a Job-mode review); on an invalid body std's check
+    // runs again for its error, which says where.
+    let text = simdutf8::basic::from_utf8(body)
+        .or_else(|_| std::str::from_utf8(body))
+        .map_err(ReviewError::NotUtf8)?;
     match endpoint {
         Endpoint::Mutate => mutate(cfg, cluster, text),
         Endpoint::Validate => validate(cfg, cluster, text),
@@ -698,6 +702,8 @@ mod tests {
             err.to_string().starts_with("the body is not UTF-8"),
             "{err}"
         );
+        // Where: the SIMD check only says whether; the error comes from std's.
+        assert!(err.to_string().contains(&format!("index {at}")), "{err}");
         assert!(matches!(
             handle(
                 &cfg,

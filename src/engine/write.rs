@@ -67,10 +67,12 @@ impl Pointer {
 
     /// `/spec/<list>/<index>/<leaf>` of one container.
     fn container(&mut self, c: &ContainerChanges, leaf: &str) -> &mut String {
-        use std::fmt::Write as _;
         let buf = self.at("/spec/");
-        // Writing into a String cannot fail.
-        let _ = write!(buf, "{}/{}/{leaf}", c.list.field(), c.index);
+        buf.push_str(c.list.field());
+        buf.push('/');
+        buf.push_str(itoa::Buffer::new().format(c.index));
+        buf.push('/');
+        buf.push_str(leaf);
         buf
     }
 }
