@@ -10,7 +10,10 @@ use serde_json::Value;
 
 use crate::{
     echo::quoted,
-    validate::{self, Invalid, Problems, bad, from_json_strict, parse_json_strict, parse_size},
+    validate::{
+        self, Invalid, Problems, bad, from_json_strict, parse_json_strict, parse_size, split_byte,
+        split_once_byte,
+    },
     volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest, Written},
 };
 
@@ -42,12 +45,12 @@ impl FromStr for VolumeRequest {
         }
         let mut raw = Raw::default();
         let mut problems = Problems::default();
-        for pair in trimmed.split(',') {
+        for pair in split_byte(trimmed, b',') {
             let pair = pair.trim();
             if pair.is_empty() {
                 continue;
             }
-            match pair.split_once('=') {
+            match split_once_byte(pair, b'=') {
                 Some((key, val)) => {
                     let key = key.trim();
                     if problems.check(raw.set(key, Val::Text(val.trim()))).is_none() {
@@ -184,7 +187,7 @@ impl<'a> Val<'a> {
 }
 
 fn split_list(s: &str) -> Vec<String> {
-    s.split(';')
+    split_byte(s, b';')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)

@@ -255,7 +255,7 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
     let mut hints = Vec::new();
     let prefix = cfg.prefix.as_str();
     for key in pod.annotations().into_iter().flatten().map(|(k, _)| &**k) {
-        let Some((other, name)) = key.split_once('/') else {
+        let Some((other, name)) = validate::split_once_byte(key, b'/') else {
             continue;
         };
         // A cheap length test first: most keys are nowhere near.
