@@ -40,7 +40,12 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; nothing else is read.
+    // `cargo bench` passes `--bench`; `-- --test` (a smoke run, as criterion's) runs a few rounds.
+    let rounds = if std::env::args().any(|a| a == "--test") {
+        10
+    } else {
+        ROUNDS
+    };
     let cfg = Config::load(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/config.yaml"
@@ -70,9 +75,9 @@ fn main() {
             timed(&mut scan);
             timed(&mut engine);
         }
-        let mut ratios = Vec::with_capacity(ROUNDS);
-        let (mut scans, mut engines) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
-        for round in 0..ROUNDS {
+        let mut ratios = Vec::with_capacity(rounds);
+        let (mut scans, mut engines) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        for round in 0..rounds {
             let (s, e) = if round % 2 == 0 {
                 let s = timed(&mut scan);
                 (s, timed(&mut engine))
