@@ -6,7 +6,7 @@
 
 use std::alloc::System;
 
-use evi::{config::Config, review};
+use evi::review;
 use serde::de::IgnoredAny;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -33,11 +33,7 @@ fn count(mut f: impl FnMut()) -> (usize, usize) {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter or other flags mean nothing here.
-    let cfg = Config::load(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/config.yaml"
-    )))
-    .unwrap();
+    let cfg = common::test_config();
     let job = {
         let pod = common::read_input("nextflow-job-mode");
         let job = common::workload_of("Job", &pod);

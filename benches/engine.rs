@@ -10,7 +10,7 @@ use std::hint::black_box;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use evi::{config::Config, review};
+use evi::review;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
@@ -18,11 +18,7 @@ use serde_json::Value;
 mod common;
 
 fn bench(c: &mut Criterion) {
-    let cfg = Config::load(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/config.yaml"
-    )))
-    .unwrap();
+    let cfg = common::test_config();
     // Job mode (Nextflow's default since 26.10: profiles by name) and Pod mode (inline
     // key=value annotations, the heavier decision); the README reports both ratios.
     for (mode, input) in [

@@ -16,7 +16,7 @@ use std::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use evi::{config::Config, review};
+use evi::review;
 use serde::de::IgnoredAny;
 
 #[path = "../tests/common/mod.rs"]
@@ -46,11 +46,7 @@ fn main() {
     } else {
         ROUNDS
     };
-    let cfg = Config::load(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/config.yaml"
-    )))
-    .unwrap();
+    let cfg = common::test_config();
     println!("review | scan (median) | engine (median) | paired ratio: median [p25, p75]");
     for (mode, input) in [
         ("job mode", "nextflow-job-mode"),

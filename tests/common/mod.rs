@@ -130,6 +130,15 @@ pub fn apply_response(request: &Value, response: &Value, pod: &Value) -> Value {
     out
 }
 
+/// The configuration most tests and the benches run with (`tests/data/config.yaml`).
+pub fn test_config() -> evi::config::Config {
+    evi::config::Config::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/config.yaml"
+    )))
+    .unwrap()
+}
+
 /// The input object of a golden case (`tests/golden/<case>/input.yaml` or `input.json`).
 pub fn read_input(case: &str) -> Value {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
