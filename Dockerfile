@@ -22,18 +22,25 @@ ARG EVI_COMMIT=""
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-pip \
  && rm -rf /var/lib/apt/lists/* \
- && pip3 install --no-cache-dir --break-system-packages ziglang==0.17.0 cargo-zigbuild==0.24.0 \
- && rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl
+ && pip3 install --no-cache-dir --break-system-packages ziglang==0.17.0 cargo-zigbuild==0.24.0 PyYAML==6.0.3 \
+ && rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl \
+ && rustup component add llvm-tools
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs rustfmt.toml clippy.toml rust-toolchain.toml ./
 COPY src ./src
 COPY benches ./benches
+# What the profile of the optimised build is trained on (release/pgo.py, as `make release-binaries`).
+COPY release/pgo.py ./release/pgo.py
+COPY tests/golden ./tests/golden
+COPY tests/data/config.yaml ./tests/data/config.yaml
 RUN case "$TARGETARCH" in \
       amd64) target=x86_64-unknown-linux-musl ;; \
       arm64) target=aarch64-unknown-linux-musl ;; \
       *) echo "unsupported TARGETARCH $TARGETARCH" >&2; exit 1 ;; \
     esac \
- && EVI_COMMIT="$EVI_COMMIT" cargo zigbuild --release --locked --target "$target" --bin ephemeral-volume-injector \
+ && python3 release/pgo.py --out /tmp/evi.profdata \
+ && EVI_COMMIT="$EVI_COMMIT" RUSTFLAGS="-Cprofile-use=/tmp/evi.profdata" \
+      cargo zigbuild --release --locked --target "$target" --bin ephemeral-volume-injector \
  && mkdir /out \
  && cp "target/$target/release/ephemeral-volume-injector" /out/
 

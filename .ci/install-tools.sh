@@ -61,9 +61,10 @@ echo "${kubectl_version%%$'\n'*}"
 
 # The node of the end-to-end tests (tests/e2e/node.py): containerd, runc, the CNI plugins,
 # Docker (to build the image from the Dockerfile), iptables, a static busybox for the tasks'
-# image, qemu-user to run the arm64 binary (make release) and wrk for the load guard
-# (make release: benches/load.sh --guard); Debian's packages.
-node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static qemu-user-static wrk)
+# image, qemu-user to run the arm64 binary (make release), wrk for the load guard
+# (make release: benches/load.sh --guard) and curl for the profile's HTTP/2 training (make
+# release-binaries: release/pgo.py); Debian's packages.
+node_packages=(containerd runc containernetworking-plugins docker.io iptables busybox-static qemu-user-static wrk curl)
 missing=()
 for pkg in "${node_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -F "install ok installed" >/dev/null || missing+=("$pkg")
@@ -75,8 +76,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
     || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 echo "install-tools: Python tools, helm, kubectl and Debian packages ready after $SECONDS s" >&2
-# The image's two platforms, cross-built by cargo-zigbuild with the ziglang wheel (make release-binaries).
+# The image's two platforms, cross-built by cargo-zigbuild with the ziglang wheel, and
+# llvm-profdata for their profile (make release-binaries, release/pgo.py). rust-toolchain.toml
+# lists llvm-tools, but rustup adds a listed component only when it installs the toolchain.
 rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
+rustup component add llvm-tools >/dev/null
 
 # Crates from crates.io, each cached by the version the Makefile pins:
 #   cargo-deny (the dependency audit), cargo-cyclonedx (the SBOM, make sbom).

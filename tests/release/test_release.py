@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -131,3 +132,30 @@ def test_the_sbom_lists_the_binarys_dependencies_from_cargo_lock():
         assert name not in components, f"{name} is a dev-dependency, not part of the binary"
     purls = [c.get("purl", "") for c in sbom["components"]]
     assert all(p.startswith("pkg:cargo/") for p in purls), [p for p in purls if not p.startswith("pkg:cargo/")][:3]
+
+
+PROFILE = ROOT / "target" / "pgo" / "evi.profdata"
+
+
+def llvm_profdata() -> Path:
+    sysroot = subprocess.run(["rustc", "--print", "sysroot"], cwd=ROOT, check=True, capture_output=True, text=True)
+    host = subprocess.run(["rustc", "--print", "host-tuple"], cwd=ROOT, check=True, capture_output=True, text=True)
+    return Path(sysroot.stdout.strip()) / "lib" / "rustlib" / host.stdout.strip() / "bin" / "llvm-profdata"
+
+
+# The request path's entry and the engine's decision, as their symbols are mangled.
+@pytest.mark.parametrize("function", ["3evi6review6handle", "3evi6engine16decide_or_refuse"])
+def test_the_profile_the_binaries_are_optimised_with_ran_the_request_path(function):
+    """release/pgo.py's training reached the engine: the optimised build's profile counts each
+    golden case's review in the functions every review passes through. A training that only
+    failed (no TLS, a configuration refused) would optimise for the wrong paths."""
+    if os.environ.get("EVI_PGO") == "off":
+        pytest.skip("EVI_PGO=off: the binaries were built without a profile")
+    assert PROFILE.is_file(), f"{PROFILE} is missing: make release-binaries writes it (release/pgo.py)"
+    out = subprocess.run([str(llvm_profdata()), "show", "--counts", f"--function={function}", str(PROFILE)],
+                         capture_output=True, text=True, check=True).stdout
+    counts = [int(n) for line in out.splitlines() if "Block counts:" in line
+              for n in re.findall(r"\d+", line.split(":", 1)[1])]
+    assert counts, f"no function matching {function} in the profile:\n{out[:2000]}"
+    # Every golden case is sent many times (release/pgo.py --rounds); each passes through both.
+    assert max(counts) >= 10 * len(GOLDEN), out[:2000]
