@@ -8,6 +8,8 @@
 #   bash benches/load.sh            # ROUNDS=5 DURATION=10 CONNS=25 RATE=1000
 #   bash benches/load.sh --guard    # CI's short form: wrk only, ROUNDS=4 DURATION=3
 #   BEFORE=path/to/older/binary bash benches/load.sh   # a third server alternated: before/after
+#   BASE2=path/to/other/baseline bash benches/load.sh  # a second bare server alternated (e.g. one
+#                                                      # built with a profile: release/pgo.py --baseline)
 #
 # --guard is CI's regression guard (make release, on the binaries that stage built: the static
 # musl ones at CI's optimisation level, BIN and BASE): it prints the ratios and fails only when
@@ -54,7 +56,9 @@ start_server() { # name -> sets PID, URL, STARTUP_MS
       --ca-out "$work/ca.crt" --log-format json --log-level info 2>"$work/$1.log" &
     URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   else
-    taskset -c 0 "$BASE" "127.0.0.1:$PORT" "$work/ca.crt" 2>"$work/$1.log" &
+    local base="$BASE"
+    [ "$1" = baseline ] || base="${BASE2:?}"
+    taskset -c 0 "$base" "127.0.0.1:$PORT" "$work/ca.crt" 2>"$work/$1.log" &
     URL=https://localhost$( [ "$PORT" = 443 ] || echo ":$PORT")/mutate
   fi
   PID=$!
@@ -64,7 +68,7 @@ start_server() { # name -> sets PID, URL, STARTUP_MS
 
 results="$work/results.jsonl"
 for round in $(seq 1 "$ROUNDS"); do
-  for name in baseline webhook ${BEFORE:+before}; do
+  for name in baseline webhook ${BEFORE:+before} ${BASE2:+base2}; do
     start_server "$name"
     sleep 1
     idle=$(rss_kib "$PID" VmRSS)
@@ -152,6 +156,12 @@ if any(r["name"] == "before" for r in rows):
     print(f"| before (BEFORE=): throughput, CPU per request | {med('before','rps'):,.0f} req/s | {cpu_per_req('before')*1e6:.1f} µs | {med('before','rps')/med(b,'rps'):.2f}, {bc:.2f} (after/before CPU: {cpu/bc:.2f}) |")
     fb = fixed_cpu("before") / fixed_cpu(b)
     print(f"| before (BEFORE=): CPU per request at {rate}/s | | {fixed_cpu('before')*1e6:.1f} µs | {fb:.2f} (after/before: {fcpu/fb:.2f}) |")
+if any(r["name"] == "base2" for r in rows):
+    b2, f2 = cpu_per_req("base2"), fixed_cpu("base2")
+    print(f"| second baseline (BASE2=): throughput, CPU per request | {med('base2','rps'):,.0f} req/s | {b2*1e6:.1f} µs | "
+          f"its/the baseline's CPU: {b2/cpu_per_req(b):.2f}; the webhook against it: {cpu_per_req(w)/b2:.2f}, throughput {med(w,'rps')/med('base2','rps'):.2f} |")
+    print(f"| second baseline (BASE2=): CPU per request at {rate}/s | | {f2*1e6:.1f} µs | "
+          f"its/the baseline's: {f2/fixed_cpu(b):.2f}; the webhook against it: {fixed_cpu(w)/f2:.2f} |")
 errs = [r for r in rows if r["errors"].strip()]
 print(f"| runs with errors | | | {len(errs)} {[ (r['name'], r['errors']) for r in errs][:3]} |")
 PY

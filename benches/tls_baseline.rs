@@ -57,8 +57,16 @@ async fn main() {
         listener.local_addr().unwrap(),
         response.len()
     );
+    // SIGTERM ends the process through `exit`, so that a build instrumented for profile-guided
+    // optimisation writes its profile (benches/pgo_baseline.sh).
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = term.recv() => std::process::exit(0),
+        };
+        let Ok((tcp, _)) = accepted else {
             continue;
         };
         let _ = tcp.set_nodelay(true);

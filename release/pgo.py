@@ -10,6 +10,10 @@ stops on SIGTERM (the profile is written at exit) and the counts are merged into
 
   python3 release/pgo.py --out target/pgo/evi.profdata [--rounds 200] [--binary INSTRUMENTED]
 
+With --baseline it trains the load benchmark's bare TLS server (benches/tls_baseline.rs) on the
+same requests instead, so that the benchmark can compare the webhook with a baseline optimised
+the same way (benches/README.md; the release uses no such profile).
+
 A release build then reads it: RUSTFLAGS="-Cprofile-use=$PWD/target/pgo/evi.profdata"
 (`make release-binaries` does; so does the Dockerfile). The profile is measured on code paths,
 not on the benchmarks' review (tests/data/review.json is not in the training set), and changes
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 CONFIG = ROOT / "tests" / "data" / "config.yaml"
 BIN = "ephemeral-volume-injector"
+BASELINE = "tls-baseline"
 # The cases whose pods the training must see mutated (Nextflow's two ways of asking).
 MUST_PATCH = {"nextflow-job-mode", "nextflow-pod-mode"}
 
@@ -60,16 +65,17 @@ def llvm_profdata() -> Path:
     return tool
 
 
-def instrumented_build() -> Path:
-    target_dir = ROOT / "target" / "pgo" / "build"
+def instrumented_build(baseline: bool) -> Path:
+    target_dir = ROOT / "target" / "pgo" / ("baseline" if baseline else "build")
     # A fixed path, so that cargo reuses the build (the profile's file is set at run time).
     env = dict(os.environ, CARGO_TARGET_DIR=str(target_dir),
                RUSTFLAGS=f"-Cprofile-generate={target_dir / 'raw'}")
-    cmd = ["cargo", "build", "--release", "--locked", "--bin", BIN]
+    what = ["--example", BASELINE] if baseline else ["--bin", BIN]
+    cmd = ["cargo", "build", "--release", "--locked", *what]
     print("pgo: the instrumented build:", " ".join(cmd), flush=True)
     if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
         raise TrainingError("the instrumented build failed (above)")
-    return target_dir / "release" / BIN
+    return target_dir / "release" / ("examples/" + BASELINE if baseline else BIN)
 
 
 def review(obj: dict) -> tuple[str, bytes]:
@@ -130,16 +136,16 @@ def free_port() -> int:
 def wait_ready(proc: subprocess.Popen, port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise TrainingError(f"the instrumented webhook exited with {proc.returncode} at start")
+            raise TrainingError(f"the instrumented server exited with {proc.returncode} at start")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
-    raise TrainingError(f"the instrumented webhook did not listen on {port} within its deadline")
+    raise TrainingError(f"the instrumented server did not listen on {port} within its deadline")
 
 
-def train(binary: Path, work: Path, rounds: int) -> None:
+def train(binary: Path, work: Path, rounds: int, baseline: bool) -> None:
     cases = training_set()
     port, admin = free_port(), free_port()
     # The flags below only: no EVI_* setting of the caller's, and no cluster even when the build
@@ -149,11 +155,12 @@ def train(binary: Path, work: Path, rounds: int) -> None:
     env.update(LLVM_PROFILE_FILE=str(work / "raw" / "evi-%p-%m.profraw"),
                MIMALLOC_ARENA_EAGER_COMMIT="0")
     log = (work / "webhook.log").open("wb")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-         "--ca-out", str(work / "ca.crt"), "--config", str(CONFIG), "--log-format", "json",
-         "--log-level", "info"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+    # The bare server answers every request with one constant response: no admin endpoints.
+    cmd = [str(binary), f"127.0.0.1:{port}", str(work / "ca.crt")] if baseline else [
+        str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
+        "--ca-out", str(work / "ca.crt"), "--config", str(CONFIG), "--log-format", "json",
+        "--log-level", "info"]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(proc, port, time.monotonic() + 30)
         ctx = ssl.create_default_context(cafile=str(work / "ca.crt"))
@@ -172,7 +179,7 @@ def train(binary: Path, work: Path, rounds: int) -> None:
                     patched.add(case)
                 answered += 1
             conn.close()
-            if r % 20 == 0:
+            if r % 20 == 0 and not baseline:
                 for path in ("/readyz", "/healthz", "/metrics"):
                     c = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
                     c.request("GET", path)
@@ -180,7 +187,7 @@ def train(binary: Path, work: Path, rounds: int) -> None:
                     c.close()
         # A profile of refusals only would optimise the wrong paths: both Nextflow modes must
         # have been mutated.
-        missing = MUST_PATCH - patched
+        missing = set() if baseline else MUST_PATCH - patched
         if missing:
             raise TrainingError(f"no patch for {', '.join(sorted(missing))}: the training did not "
                                 "reach the mutation path; the webhook's log ends: "
@@ -213,10 +220,10 @@ def train(binary: Path, work: Path, rounds: int) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise TrainingError("the instrumented webhook did not stop within 60 s of SIGTERM") from None
+            raise TrainingError("the instrumented server did not stop within 60 s of SIGTERM") from None
         log.close()
     if code != 0:
-        raise TrainingError(f"the instrumented webhook exited with {code}: "
+        raise TrainingError(f"the instrumented server exited with {code}: "
                             f"{(work / 'webhook.log').read_text()[-2000:]}")
 
 
@@ -225,6 +232,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="the merged profile (.profdata)")
     ap.add_argument("--rounds", type=int, default=200, help="times each golden review is sent")
     ap.add_argument("--binary", type=Path, help="an instrumented build to train (default: build one)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="train the load benchmark's bare TLS server instead of the webhook")
     args = ap.parse_args()
     if shutil.which("curl") is None:
         print("pgo: curl is needed (HTTP/2 training)", file=sys.stderr)
@@ -234,11 +243,11 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="evi-pgo-") as tmp:
             work = Path(tmp)
             (work / "raw").mkdir()
-            binary = args.binary or instrumented_build()
-            train(binary, work, args.rounds)
+            binary = args.binary or instrumented_build(args.baseline)
+            train(binary, work, args.rounds, args.baseline)
             raws = sorted((work / "raw").glob("*.profraw"))
             if not raws:
-                raise TrainingError("the webhook wrote no profile: was it built with -Cprofile-generate?")
+                raise TrainingError("the server wrote no profile: was it built with -Cprofile-generate?")
             args.out.parent.mkdir(parents=True, exist_ok=True)
             # Not --sparse: the functions the training never ran stay in the profile with zero
             # counts, so LLVM optimises them for size as cold code (the binary 11.4 MB against
