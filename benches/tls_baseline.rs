@@ -58,7 +58,7 @@ async fn main() {
         response.len()
     );
     // SIGTERM ends the process through `exit`, so that a build instrumented for profile-guided
-    // optimisation writes its profile (benches/pgo_baseline.sh).
+    // optimisation writes its profile (release/pgo.py --baseline).
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
     loop {
