@@ -105,9 +105,11 @@ class Webhook:
             *extra,
         ], self.dir / "webhook.log")
         if wait_ready:
-            wait_for("the webhook to be ready", lambda: self.admin("/readyz")[0] == 200, timeout=20)
+            wait_for("the webhook to be ready", lambda: self.admin("/readyz")[0] == 200, timeout=20,
+                     procs=self.proc, log=self.dir / "webhook.log")
         else:
-            wait_for("the webhook to answer", lambda: self.admin("/healthz")[0] == 200, timeout=20)
+            wait_for("the webhook to answer", lambda: self.admin("/healthz")[0] == 200, timeout=20,
+                     procs=self.proc, log=self.dir / "webhook.log")
         return self
 
     def stop(self) -> None:

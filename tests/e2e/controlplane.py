@@ -56,10 +56,29 @@ def older_apiserver() -> Path:
     return binary
 
 
+# Ports handed to servers are taken below the kernel's ephemeral range (32768-60999 by default),
+# so no outgoing connection's local port can take one between the check and the server's bind,
+# and in increasing order, so no port is handed out twice in one run: two servers of one test
+# never get the same port. (A port from bind(("127.0.0.1", 0)) is neither: a CI run lost a
+# replica to that race.)
+def _ports():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    yield from range(max(1024, low - 12768) + os.getpid() % 32 * 100, low)
+
+
+_PORTS = _ports()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, below the ephemeral range, never returned before."""
+    for port in _PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free loopback port left below the ephemeral range")
 
 
 def _die_with_parent():

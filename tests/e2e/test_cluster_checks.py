@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 import threading
 
 import pytest
-from conftest import Release, Webhook, pod, volumes_by_name, wait_for
+from conftest import Release, Webhook, free_port, pod, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 CHECK = f"injector.{P}/cluster-check"
@@ -134,9 +133,7 @@ class Forwarder:
     """A TCP port that refuses connections until `open()`, then forwards them to `target`."""
 
     def __init__(self, target: int):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.target = target
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()

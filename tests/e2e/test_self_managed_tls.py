@@ -43,7 +43,8 @@ class SelfManaged(Webhook):
         ], self.dir / "webhook.log")
         if wait_ready:
             wait_for("the webhook to be ready (a certificate from its Secret)",
-                     lambda: self.admin("/readyz")[0] == 200, timeout=30)
+                     lambda: self.admin("/readyz")[0] == 200, timeout=30, procs=self.proc,
+                     log=self.dir / "webhook.log")
         return self
 
     def served(self) -> bytes:
@@ -104,7 +105,8 @@ class Rendered:
             r.start(*extra, wait_ready=False)
         if wait_ready:
             for r in new:
-                wait_for("a replica ready", lambda r=r: r.admin("/readyz")[0] == 200, timeout=30)
+                wait_for("a replica ready", lambda r=r: r.admin("/readyz")[0] == 200, timeout=30, procs=r.proc,
+                         log=r.dir / "webhook.log")
         return new
 
     def secret(self) -> dict:
