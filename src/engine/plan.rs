@@ -7,7 +7,7 @@ use super::{existing, resolve::Resolved};
 use crate::{
     config::StatusKey,
     decision::Denial,
-    patch,
+    patch::{self, PatchValue},
     pod::{ContainerView, PodView, QuantityText},
     quantity::Quantity,
     validate::same_path,
@@ -181,7 +181,11 @@ fn add_volume(plan: &mut Plan, pod: &PodView, v: &Resolved) -> Result<(), Denial
     if let Some(raw) = pod.volume_named(&v.name) {
         let existing: serde_json::Value =
             serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
-        let desired = serde_json::to_value(&volume).unwrap_or(serde_json::Value::Null);
+        let mut json = Vec::new();
+        let desired = match volume.write_json(&mut json) {
+            Ok(()) => serde_json::from_slice(&json).unwrap_or(serde_json::Value::Null),
+            Err(_) => serde_json::Value::Null,
+        };
         return existing::same_volume(&desired, &existing).map_err(|differs| {
             Denial::conflict(format!(
                 "volume {:?} ({}): the pod already has a volume with this name, {differs}; \

@@ -2,12 +2,10 @@
 //! order (volumes, then mounts, then variables, then annotations), adding whole arrays where
 //! the pod has none and appending (`/-`) where it has one.
 
-use serde::Serialize;
-
 use super::plan::{Additions, ContainerChanges, Metadata, Plan, annotation_map};
 use crate::{
     decision::Denial,
-    patch::{MetadataWith, Patch},
+    patch::{MetadataWith, Patch, PatchValue},
 };
 
 /// Writes the plan for the pod at `pointer` in the patched object.
@@ -79,7 +77,7 @@ impl Pointer {
 
 /// The items of an array at `path`: the whole array when it is missing, else one append
 /// (`path` + `/-`) each.
-fn add_all<T: Serialize>(
+fn add_all<T: PatchValue>(
     patch: &mut Patch,
     path: &mut String,
     additions: &Additions<T>,
@@ -95,7 +93,7 @@ fn add_all<T: Serialize>(
 }
 
 /// Serialising the patch cannot fail for these types; should it, the pod is refused.
-fn add<T: Serialize + ?Sized>(patch: &mut Patch, path: &str, value: &T) -> Result<(), Denial> {
+fn add<T: PatchValue + ?Sized>(patch: &mut Patch, path: &str, value: &T) -> Result<(), Denial> {
     patch
         .add(path, value)
         .map_err(|e| Denial::invalid(format!("the patch could not be written: {e}")))
