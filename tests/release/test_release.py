@@ -17,12 +17,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "release"))
+import pgo  # noqa: E402  (release/pgo.py: the toolchain's llvm-profdata, found as the build finds it)
+
 CONTEXT = ROOT / "target" / "release-context" / "linux"
 OCI = ROOT / "target" / "oci"
 SBOM = ROOT / "target" / "sbom" / "ephemeral-volume-injector.cdx.json"
@@ -137,12 +141,6 @@ def test_the_sbom_lists_the_binarys_dependencies_from_cargo_lock():
 PROFILE = ROOT / "target" / "pgo" / "evi.profdata"
 
 
-def llvm_profdata() -> Path:
-    sysroot = subprocess.run(["rustc", "--print", "sysroot"], cwd=ROOT, check=True, capture_output=True, text=True)
-    host = subprocess.run(["rustc", "--print", "host-tuple"], cwd=ROOT, check=True, capture_output=True, text=True)
-    return Path(sysroot.stdout.strip()) / "lib" / "rustlib" / host.stdout.strip() / "bin" / "llvm-profdata"
-
-
 # The request path's entry and the engine's decision, as their symbols are mangled (functions
 # that CI's opt-level 1 does not inline into their callers before instrumenting either).
 @pytest.mark.parametrize("function", ["3evi6review6handle", "3evi6engine9decide_in"])
@@ -153,7 +151,7 @@ def test_the_profile_the_binaries_are_optimised_with_ran_the_request_path(functi
     if os.environ.get("EVI_PGO") == "off":
         pytest.skip("EVI_PGO=off: the binaries were built without a profile")
     assert PROFILE.is_file(), f"{PROFILE} is missing: make release-binaries writes it (release/pgo.py)"
-    out = subprocess.run([str(llvm_profdata()), "show", "--counts", f"--function={function}", str(PROFILE)],
+    out = subprocess.run([str(pgo.llvm_profdata()), "show", "--counts", f"--function={function}", str(PROFILE)],
                          capture_output=True, text=True, check=True).stdout
     counts = [int(n) for line in out.splitlines() if "Block counts:" in line
               for n in re.findall(r"\d+", line.split(":", 1)[1])]
