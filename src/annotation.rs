@@ -12,7 +12,7 @@ use crate::{
     echo::quoted,
     validate::{
         self, Invalid, Problems, bad, from_json_strict, parse_json_strict, parse_size, split_byte,
-        split_once_byte,
+        split_once_byte, trim,
     },
     volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest, Written},
 };
@@ -22,7 +22,7 @@ impl FromStr for VolumeRequest {
 
     /// Parses an annotation value in any of the three forms; every problem at once.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let trimmed = value.trim();
+        let trimmed = trim(value);
         if trimmed.is_empty() {
             return bad(
                 "the value is empty; give a profile name, key=value pairs or a JSON object",
@@ -46,14 +46,14 @@ impl FromStr for VolumeRequest {
         let mut raw = Raw::default();
         let mut problems = Problems::default();
         for pair in split_byte(trimmed, b',') {
-            let pair = pair.trim();
+            let pair = trim(pair);
             if pair.is_empty() {
                 continue;
             }
             match split_once_byte(pair, b'=') {
                 Some((key, val)) => {
-                    let key = key.trim();
-                    if problems.check(raw.set(key, Val::Text(val.trim()))).is_none() {
+                    let key = trim(key);
+                    if problems.check(raw.set(key, Val::Text(trim(val)))).is_none() {
                         raw.failed.push(key);
                     }
                 }
@@ -188,14 +188,14 @@ impl<'a> Val<'a> {
 
 fn split_list(s: &str) -> Vec<String> {
     split_byte(s, b';')
-        .map(str::trim)
+        .map(trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
 }
 
 fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, Invalid> {
-    let s = s.trim();
+    let s = trim(s);
     if s.is_empty() {
         bad(format!("{field} is empty"))
     } else {

@@ -283,6 +283,17 @@ fn has_dot_dot(p: &str) -> bool {
     p.as_bytes().windows(2).any(|w| w == b"..") && split_byte(p, b'/').any(|part| part == "..")
 }
 
+/// `s.trim()`, without its search for Unicode whitespace when both ends are visible ASCII
+/// (every annotation written in practice): `str::trim` decodes each end's character and looks
+/// it up, ~50 instructions a call, and an annotation's parse trims each key and value twice.
+pub fn trim(s: &str) -> &str {
+    match s.as_bytes() {
+        [first, .., last] if first.is_ascii_graphic() && last.is_ascii_graphic() => s,
+        [only] if only.is_ascii_graphic() => s,
+        _ => s.trim(),
+    }
+}
+
 /// `s.split(sep)` for an ASCII separator, found by a plain byte loop: the values split here
 /// (annotations, paths, names) are short, where `str::split`'s `memchr` search costs more to
 /// set up than it saves (~300 instructions a call, measured with `benches/instructions.py`).
@@ -433,6 +444,29 @@ pub fn env_name(s: &str) -> Result<(), Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trim_is_strs_trim() {
+        // Every character at either end, alone or around text: ASCII (control, space,
+        // visible) and the Unicode whitespace `str::trim` removes (NEL, NBSP, the ideographic
+        // space, …) next to other non-ASCII characters.
+        let mut ends: Vec<char> = (0u8..=0x7f).map(char::from).collect();
+        ends.extend([
+            '\u{85}', '\u{a0}', '\u{1680}', '\u{2000}', '\u{200a}', '\u{2028}',
+        ]);
+        ends.extend(['\u{202f}', '\u{3000}', '\u{200b}', '\u{feff}', 'é', '日']);
+        for a in &ends {
+            for b in &ends {
+                for mid in ["", "x", "a b", " \u{3000}"] {
+                    let s = format!("{a}{mid}{b}");
+                    assert_eq!(trim(&s), s.trim(), "{s:?}");
+                }
+            }
+            let s = a.to_string();
+            assert_eq!(trim(&s), s.trim(), "{s:?}");
+        }
+        assert_eq!(trim(""), "");
+    }
 
     #[test]
     fn byte_splits_are_strs_splits() {
