@@ -118,6 +118,58 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Er
     Ok(())
 }
 
+/// Writes an object's fields in the order given, with the commas between them (the shapes
+/// [`crate::volume::Source`] writes itself).
+pub(crate) struct ObjectWriter<'o> {
+    out: &'o mut Vec<u8>,
+    empty: bool,
+}
+
+impl<'o> ObjectWriter<'o> {
+    /// Opens the object.
+    pub(crate) fn open(out: &'o mut Vec<u8>) -> Self {
+        out.push(b'{');
+        ObjectWriter { out, empty: true }
+    }
+
+    /// Writes the next field's key (a plain ASCII name) and returns where its value goes.
+    pub(crate) fn key(&mut self, key: &str) -> &mut Vec<u8> {
+        if !self.empty {
+            self.out.push(b',');
+        }
+        self.empty = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+        self.out
+    }
+
+    /// Writes the next field's key, any string (escaped as needed: a map's key), and returns
+    /// where its value goes.
+    pub(crate) fn any_key(&mut self, key: &str) -> Result<&mut Vec<u8>, serde_json::Error> {
+        if !self.empty {
+            self.out.push(b',');
+        }
+        self.empty = false;
+        write_str(self.out, key)?;
+        self.out.push(b':');
+        Ok(self.out)
+    }
+
+    /// A string field, when it is set.
+    pub(crate) fn str(&mut self, key: &str, value: Option<&str>) -> Result<(), serde_json::Error> {
+        match value {
+            Some(v) => write_str(self.key(key), v),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes the object.
+    pub(crate) fn close(self) {
+        self.out.push(b'}');
+    }
+}
+
 impl PatchValue for str {
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         write_str(out, self)

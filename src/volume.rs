@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 
 use crate::{
     echo::quoted,
+    patch::{ObjectWriter, PatchValue, write_str},
     quantity::Quantity,
     validate::{self, Invalid, Problems, bad},
 };
@@ -231,12 +232,107 @@ impl Source {
     /// The source object as JSON, written as k8s-openapi writes it (shared: the plan and the
     /// patch hold the same bytes).
     pub fn to_json(&self) -> Result<Arc<RawValue>, serde_json::Error> {
+        let mut out = Vec::with_capacity(192);
+        let raw = if self.write_json(&mut out)? {
+            let text = String::from_utf8(out).map_err(serde::ser::Error::custom)?;
+            RawValue::from_string(text)?
+        } else {
+            match self {
+                Source::EmptyDir(e) => serde_json::value::to_raw_value(e),
+                Source::Csi(c) => serde_json::value::to_raw_value(c),
+                Source::Ephemeral(e) => serde_json::value::to_raw_value(e),
+            }?
+        };
+        Ok(Arc::from(raw))
+    }
+
+    /// Writes the source as k8s-openapi serialises it (its field names and order, absent
+    /// fields left out) when it has only the fields written here — every shape the
+    /// shorthands build, and most JSON forms; `false`, nothing written, for any other (a PVC
+    /// template with metadata, a data source or a selector; a CSI volume with a secret), which
+    /// serde serialises. serde's serializer cost ~3,500 instructions of a Pod-mode review
+    /// (benches/README.md). The patterns name every field of each type: a field k8s-openapi
+    /// adds stops the build here instead of being left out.
+    fn write_json(&self, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
         match self {
-            Source::EmptyDir(e) => serde_json::value::to_raw_value(e),
-            Source::Csi(c) => serde_json::value::to_raw_value(c),
-            Source::Ephemeral(e) => serde_json::value::to_raw_value(e),
+            Source::EmptyDir(EmptyDirVolumeSource { medium, size_limit }) => {
+                let mut o = ObjectWriter::open(out);
+                o.str("medium", medium.as_deref())?;
+                o.str("sizeLimit", size_limit.as_ref().map(|q| q.0.as_str()))?;
+                o.close();
+            }
+            Source::Csi(c) => {
+                let CSIVolumeSource {
+                    driver,
+                    fs_type,
+                    node_publish_secret_ref: None,
+                    read_only,
+                    volume_attributes,
+                } = c
+                else {
+                    return Ok(false);
+                };
+                let mut o = ObjectWriter::open(out);
+                o.str("driver", Some(driver))?;
+                o.str("fsType", fs_type.as_deref())?;
+                if let Some(r) = read_only {
+                    o.key("readOnly")
+                        .extend_from_slice(if *r { b"true" } else { b"false" });
+                }
+                if let Some(attributes) = volume_attributes {
+                    write_map(o.key("volumeAttributes"), attributes, |v| v)?;
+                }
+                o.close();
+            }
+            Source::Ephemeral(e) => {
+                let EphemeralVolumeSource {
+                    volume_claim_template:
+                        Some(PersistentVolumeClaimTemplate {
+                            metadata: None,
+                            spec:
+                                PersistentVolumeClaimSpec {
+                                    access_modes,
+                                    data_source: None,
+                                    data_source_ref: None,
+                                    resources,
+                                    selector: None,
+                                    storage_class_name,
+                                    volume_attributes_class_name,
+                                    volume_mode,
+                                    volume_name,
+                                },
+                        }),
+                } = &**e
+                else {
+                    return Ok(false);
+                };
+                out.extend_from_slice(b"{\"volumeClaimTemplate\":{\"spec\":");
+                let mut o = ObjectWriter::open(out);
+                if let Some(modes) = access_modes {
+                    modes[..].write_json(o.key("accessModes"))?;
+                }
+                if let Some(VolumeResourceRequirements { limits, requests }) = resources {
+                    let mut r = ObjectWriter::open(o.key("resources"));
+                    if let Some(limits) = limits {
+                        write_map(r.key("limits"), limits, |q| &q.0)?;
+                    }
+                    if let Some(requests) = requests {
+                        write_map(r.key("requests"), requests, |q| &q.0)?;
+                    }
+                    r.close();
+                }
+                o.str("storageClassName", storage_class_name.as_deref())?;
+                o.str(
+                    "volumeAttributesClassName",
+                    volume_attributes_class_name.as_deref(),
+                )?;
+                o.str("volumeMode", volume_mode.as_deref())?;
+                o.str("volumeName", volume_name.as_deref())?;
+                o.close();
+                out.extend_from_slice(b"}}");
+            }
         }
-        .map(Arc::from)
+        Ok(true)
     }
 
     /// The source as a patch carries it, with its size: computed once per load for profiles.
@@ -261,6 +357,20 @@ impl Source {
         }
         problems.finish(())
     }
+}
+
+/// A map of strings (keys in order, as a `BTreeMap` serialises).
+fn write_map<V>(
+    out: &mut Vec<u8>,
+    map: &BTreeMap<String, V>,
+    text: impl Fn(&V) -> &String,
+) -> Result<(), serde_json::Error> {
+    let mut o = ObjectWriter::open(out);
+    for (k, v) in map {
+        write_str(o.any_key(k)?, text(v))?;
+    }
+    o.close();
+    Ok(())
 }
 
 /// How a source was written: its messages name the fields as the user wrote them.
@@ -529,6 +639,120 @@ const ACCESS_MODES: [&str; 4] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every source's JSON, written directly or by serde: what serde_json writes for the
+    /// k8s-openapi object (its names, order and escapes), for each field present or not.
+    #[test]
+    fn sources_are_written_as_kubernetes_types_serialise() {
+        use k8s_openapi::api::core::v1::{LocalObjectReference, TypedLocalObjectReference};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+        let texts = [
+            None,
+            Some("1Gi"),
+            Some(""),
+            Some("quote\"back\\slash\ttab é 日"),
+        ];
+        let mut sources = Vec::new();
+        for a in texts {
+            for b in texts {
+                sources.push(Source::EmptyDir(EmptyDirVolumeSource {
+                    medium: a.map(str::to_owned),
+                    size_limit: b.map(|s| K8sQuantity(s.to_owned())),
+                }));
+                let map = |k: Option<&str>| {
+                    k.map(|k| {
+                        BTreeMap::from([(k.to_owned(), "v".to_owned()), ("a".into(), "\"".into())])
+                    })
+                };
+                for read_only in [None, Some(true), Some(false)] {
+                    sources.push(Source::Csi(CSIVolumeSource {
+                        driver: b.unwrap_or("secrets-store.csi.k8s.io").to_owned(),
+                        fs_type: a.map(str::to_owned),
+                        node_publish_secret_ref: None,
+                        read_only,
+                        volume_attributes: map(b),
+                    }));
+                }
+                sources.push(Source::Csi(CSIVolumeSource {
+                    driver: "d".into(),
+                    node_publish_secret_ref: Some(LocalObjectReference { name: "s".into() }),
+                    volume_attributes: map(a),
+                    ..Default::default()
+                }));
+                let quantities = |k: Option<&str>| {
+                    k.map(|k| BTreeMap::from([(k.to_owned(), K8sQuantity("2Gi".into()))]))
+                };
+                let spec = PersistentVolumeClaimSpec {
+                    access_modes: a.map(|m| vec![m.to_owned(), "ReadWriteOnce".into()]),
+                    resources: b.map(|_| VolumeResourceRequirements {
+                        limits: quantities(a),
+                        requests: quantities(b),
+                    }),
+                    storage_class_name: b.map(str::to_owned),
+                    volume_attributes_class_name: a.map(str::to_owned),
+                    volume_mode: b.map(str::to_owned),
+                    volume_name: a.map(str::to_owned),
+                    ..Default::default()
+                };
+                let template = |spec: PersistentVolumeClaimSpec, metadata| {
+                    Source::Ephemeral(Box::new(EphemeralVolumeSource {
+                        volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                            metadata,
+                            spec,
+                        }),
+                    }))
+                };
+                sources.push(template(spec.clone(), None));
+                // The shapes serde writes.
+                let labels = Some(ObjectMeta {
+                    labels: Some(BTreeMap::from([("team".into(), "x".into())])),
+                    ..Default::default()
+                });
+                sources.push(template(spec.clone(), labels));
+                sources.push(template(
+                    PersistentVolumeClaimSpec {
+                        selector: Some(LabelSelector::default()),
+                        ..spec.clone()
+                    },
+                    None,
+                ));
+                sources.push(template(
+                    PersistentVolumeClaimSpec {
+                        data_source: Some(TypedLocalObjectReference {
+                            kind: "VolumeSnapshot".into(),
+                            name: "snap".into(),
+                            api_group: None,
+                        }),
+                        ..spec
+                    },
+                    None,
+                ));
+            }
+        }
+        sources.push(Source::Ephemeral(Box::default()));
+        sources.push(Source::empty_dir(Some("Memory"), Some("2Gi")));
+        sources.push(Source::ephemeral(
+            Some("gp3"),
+            "ReadWriteOnce",
+            Some("100Gi"),
+        ));
+        let mut direct = 0;
+        for source in &sources {
+            let theirs = match source {
+                Source::EmptyDir(e) => serde_json::to_string(e),
+                Source::Csi(c) => serde_json::to_string(c),
+                Source::Ephemeral(e) => serde_json::to_string(e),
+            }
+            .unwrap();
+            assert_eq!(source.to_json().unwrap().get(), theirs, "{source:?}");
+            direct += usize::from(source.write_json(&mut Vec::new()).unwrap());
+        }
+        // Both paths taken: the shorthands' shapes directly, the others by serde.
+        assert!(
+            direct > sources.len() / 2 && direct < sources.len(),
+            "{direct}"
+        );
+    }
 
     #[test]
     fn volume_kind_round_trips_through_its_name() {
