@@ -3,7 +3,6 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::volume::VolumeKind;
 
@@ -229,6 +228,26 @@ impl PatchValue for MetadataWith<'_> {
     }
 }
 
+/// JSON text this crate wrote (a volume source's object, by [`crate::volume::Source`]'s
+/// writer or serde_json), kept to be copied into patches as it is: never text from a
+/// request, so it is not parsed again. Shared: a profile's is written once, when the
+/// configuration is loaded, and copied into the patch of every pod that uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Json(Arc<str>);
+
+impl Json {
+    /// The bytes a writer produced (UTF-8, as every writer here writes from `str`s).
+    pub(crate) fn written(bytes: Vec<u8>) -> Result<Json, serde_json::Error> {
+        let text = String::from_utf8(bytes).map_err(serde::ser::Error::custom)?;
+        Ok(Json(Arc::from(text)))
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A `core/v1` Volume with one source, kept as the JSON it is written as; written as
 /// k8s-openapi's `Volume` serialises (keys in its order: the source, then `name`).
 #[derive(Debug, Clone)]
@@ -238,7 +257,7 @@ pub struct Volume {
     /// The source's field: `emptyDir`, `csi` or `ephemeral`.
     pub kind: VolumeKind,
     /// The source object.
-    pub source: Arc<RawValue>,
+    pub source: Json,
 }
 
 impl PatchValue for Volume {
@@ -386,7 +405,7 @@ mod tests {
         let volume = Volume {
             name: "shm".into(),
             kind: VolumeKind::EmptyDir,
-            source: serde_json::value::to_raw_value(&source).unwrap().into(),
+            source: Json::written(serde_json::to_vec(&source).unwrap()).unwrap(),
         };
         let theirs = k8s::Volume {
             name: "shm".into(),

@@ -3,7 +3,7 @@
 //! compilation). Nothing here parses an annotation ([`crate::annotation`]) or decides for a pod
 //! ([`crate::engine`]).
 
-use std::{collections::BTreeMap, fmt, str::FromStr, sync::Arc};
+use std::{collections::BTreeMap, fmt, str::FromStr};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -12,11 +12,10 @@ use k8s_openapi::{
     },
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
-use serde_json::value::RawValue;
 
 use crate::{
     echo::quoted,
-    patch::{ObjectWriter, PatchValue, write_str},
+    patch::{Json, ObjectWriter, PatchValue, write_str},
     quantity::Quantity,
     validate::{self, Invalid, Problems, bad},
 };
@@ -231,19 +230,17 @@ impl Source {
 
     /// The source object as JSON, written as k8s-openapi writes it (shared: the plan and the
     /// patch hold the same bytes).
-    pub fn to_json(&self) -> Result<Arc<RawValue>, serde_json::Error> {
+    pub fn to_json(&self) -> Result<Json, serde_json::Error> {
         let mut out = Vec::with_capacity(192);
-        let raw = if self.write_json(&mut out)? {
-            let text = String::from_utf8(out).map_err(serde::ser::Error::custom)?;
-            RawValue::from_string(text)?
-        } else {
-            match self {
-                Source::EmptyDir(e) => serde_json::value::to_raw_value(e),
-                Source::Csi(c) => serde_json::value::to_raw_value(c),
-                Source::Ephemeral(e) => serde_json::value::to_raw_value(e),
-            }?
-        };
-        Ok(Arc::from(raw))
+        if self.write_json(&mut out)? {
+            return Json::written(out);
+        }
+        match self {
+            Source::EmptyDir(e) => serde_json::to_vec(e),
+            Source::Csi(c) => serde_json::to_vec(c),
+            Source::Ephemeral(e) => serde_json::to_vec(e),
+        }
+        .and_then(Json::written)
     }
 
     /// Writes the source as k8s-openapi serialises it (its field names and order, absent
@@ -506,7 +503,7 @@ pub struct CompiledSource {
     /// The source's kind.
     pub kind: VolumeKind,
     /// The source object: the value of the volume's `emptyDir`, `csi` or `ephemeral` field.
-    pub json: Arc<RawValue>,
+    pub json: Json,
     /// The size the source asks for, if any.
     pub size: Option<Quantity>,
     /// Where an emptyDir lives.

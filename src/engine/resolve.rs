@@ -2,9 +2,7 @@
 //! size (given, taken from the pod, or the policy's default), the policy limits, the containers
 //! it goes to, and what the cluster checks say of it.
 
-use std::sync::Arc;
-
-use serde_json::value::RawValue;
+use crate::patch::Json;
 
 use super::{
     policy,
@@ -26,7 +24,7 @@ pub(super) struct Resolved {
     pub origin: Origin,
     pub kind: VolumeKind,
     /// The source object as the patch carries it.
-    pub source: Arc<RawValue>,
+    pub source: Json,
     pub size: Option<Quantity>,
     pub medium: Medium,
     pub mount_path: String,
@@ -237,7 +235,7 @@ enum Base<'c> {
 /// The source with its size, as the patch will carry it.
 struct Built {
     kind: VolumeKind,
-    json: Arc<RawValue>,
+    json: Json,
     size: Option<Quantity>,
     medium: Medium,
     finding: Option<Finding>,

@@ -111,9 +111,9 @@ mod tests {
     };
 
     fn plan(exists: bool, metadata: Metadata) -> Plan {
-        let source = serde_json::value::to_raw_value(&json!({"sizeLimit": "1Gi"}))
-            .unwrap()
-            .into();
+        let source =
+            crate::patch::Json::written(serde_json::to_vec(&json!({"sizeLimit": "1Gi"})).unwrap())
+                .unwrap();
         let additions = |items| Additions { exists, items };
         Plan {
             volumes: additions(vec![Volume {
