@@ -90,6 +90,11 @@ pub(super) struct Request {
     pub request: VolumeRequest,
 }
 
+/// The volume an annotation key asks for: the name after the configured prefix and `/`.
+fn volume_name<'k>(cfg: &Config, key: &'k str) -> Option<&'k str> {
+    key.strip_prefix(cfg.prefix.as_str())?.strip_prefix('/')
+}
+
 /// Every volume the pod asks for, by name; an annotation wins over a rule for the same name,
 /// and the first matching rule over later ones. Every annotation error, beside the requests
 /// that could be read (a refused annotation still keeps its name from the rules).
@@ -99,14 +104,16 @@ pub(super) fn collect(
     namespace: &str,
     scope: Scope,
 ) -> Result<(Vec<Request>, Vec<Denial>), Denial> {
-    let mut requests = Vec::new();
+    // Sized for the annotations' requests: a `Request` is 328 bytes, and the first push's
+    // room for four would take mimalloc's slower path for blocks above 1 KiB.
+    let asked = pod.annotations().map_or(0, |a| {
+        a.keys().filter(|k| volume_name(cfg, k).is_some()).count()
+    });
+    let mut requests = Vec::with_capacity(asked);
     let mut errors = Vec::new();
     let mut refused = Vec::new();
     for (key, value) in pod.annotations().into_iter().flatten() {
-        let Some(name) = key
-            .strip_prefix(cfg.prefix.as_str())
-            .and_then(|r| r.strip_prefix('/'))
-        else {
+        let Some(name) = volume_name(cfg, key) else {
             continue;
         };
         let parsed =
