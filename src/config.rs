@@ -120,6 +120,9 @@ struct FileMaxSize {
 pub struct Config {
     /// `annotationPrefix`: annotations `<prefix>/<volume>` ask for volumes.
     pub prefix: String,
+    /// The prefix's searcher, built once: a pod's labels, as written, are searched for it
+    /// (a label meant as an annotation gets a hint).
+    pub prefix_search: Search,
     /// `injector.<prefix>/injected`: the volumes the webhook added.
     pub injected: StatusKey,
     /// `injector.<prefix>/error`, written when `onError: warn` admits a pod it could not serve.
@@ -250,6 +253,29 @@ impl StatusKey {
     }
 }
 
+/// A substring searcher (`memchr::memmem`), built once instead of for every search;
+/// compared by what it searches for.
+#[derive(Debug, Clone)]
+pub struct Search(memchr::memmem::Finder<'static>);
+
+impl Search {
+    /// A searcher for `needle`.
+    pub fn new(needle: &str) -> Search {
+        Search(memchr::memmem::Finder::new(needle.as_bytes()).into_owned())
+    }
+
+    /// Whether `haystack` contains the needle.
+    pub fn is_in(&self, haystack: &str) -> bool {
+        self.0.find(haystack.as_bytes()).is_some()
+    }
+}
+
+impl PartialEq for Search {
+    fn eq(&self, other: &Search) -> bool {
+        self.0.needle() == other.0.needle()
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config::with_prefix(DEFAULT_PREFIX)
@@ -267,6 +293,7 @@ impl Config {
     fn with_prefix(prefix: &str) -> Self {
         Config {
             prefix: prefix.to_owned(),
+            prefix_search: Search::new(prefix),
             injected: StatusKey::new(prefix, "injected"),
             error: StatusKey::new(prefix, "error"),
             cluster_check: StatusKey::new(prefix, "cluster-check"),

@@ -244,12 +244,13 @@ struct VolumeName<'a> {
 }
 
 impl<'a> PodView<'a> {
-    /// Whether the pod's labels, as written, contain `text` anywhere (a scan before decoding).
-    pub fn labels_mention(&self, text: &str) -> bool {
+    /// Whether the pod's labels, as written, contain what `search` looks for anywhere (a scan
+    /// before decoding).
+    pub fn labels_mention(&self, search: &crate::config::Search) -> bool {
         self.metadata
             .as_ref()
             .and_then(|m| m.labels)
-            .is_some_and(|raw| raw.get().contains(text))
+            .is_some_and(|raw| search.is_in(raw.get()))
     }
 
     /// The pod's labels, decoded on demand (an absent map is empty).

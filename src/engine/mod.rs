@@ -268,7 +268,7 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
             ));
         }
     }
-    if pod.labels_mention(prefix)
+    if pod.labels_mention(&cfg.prefix_search)
         && let Ok(labels) = pod.labels()
     {
         for key in labels
