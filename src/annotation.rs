@@ -77,6 +77,10 @@ impl FromStr for VolumeRequest {
 /// makes of a volume) as the `key=value` form it means; `None` unless every part is
 /// `field:value` with a field of the grammar.
 fn colon_pairs(value: &str) -> Option<String> {
+    // Most values reaching here are profile names, with no `:` at all.
+    if !value.as_bytes().contains(&b':') {
+        return None;
+    }
     let inner = value
         .strip_prefix('[')
         .and_then(|v| v.strip_suffix(']'))
