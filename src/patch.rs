@@ -119,8 +119,8 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Er
     Ok(())
 }
 
-/// Writes an object's fields in the order given, with the commas between them (the shapes
-/// [`crate::volume::Source`] writes itself).
+/// Writes an object's fields in the order given, with the commas between them (the patch's
+/// mounts and variables, and the sources [`crate::volume::Source`] writes itself).
 pub(crate) struct ObjectWriter<'o> {
     out: &'o mut Vec<u8>,
     empty: bool,
@@ -155,6 +155,14 @@ impl<'o> ObjectWriter<'o> {
         write_str(self.out, key)?;
         self.out.push(b':');
         Ok(self.out)
+    }
+
+    /// A boolean field, when it is set.
+    pub(crate) fn bool(&mut self, key: &str, value: Option<bool>) {
+        if let Some(v) = value {
+            self.key(key)
+                .extend_from_slice(if v { b"true" } else { b"false" });
+        }
     }
 
     /// A string field, when it is set.
@@ -291,19 +299,12 @@ pub struct VolumeMount {
 
 impl PatchValue for VolumeMount {
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-        out.extend_from_slice(b"{\"mountPath\":");
-        write_str(out, &self.mount_path)?;
-        out.extend_from_slice(b",\"name\":");
-        write_str(out, &self.name)?;
-        if let Some(read_only) = self.read_only {
-            out.extend_from_slice(b",\"readOnly\":");
-            out.extend_from_slice(if read_only { &b"true"[..] } else { b"false" });
-        }
-        if let Some(sub_path) = &self.sub_path {
-            out.extend_from_slice(b",\"subPath\":");
-            write_str(out, sub_path)?;
-        }
-        out.push(b'}');
+        let mut o = ObjectWriter::open(out);
+        o.str("mountPath", Some(&self.mount_path))?;
+        o.str("name", Some(&self.name))?;
+        o.bool("readOnly", self.read_only);
+        o.str("subPath", self.sub_path.as_deref())?;
+        o.close();
         Ok(())
     }
 }
@@ -319,11 +320,10 @@ pub struct EnvVar {
 
 impl PatchValue for EnvVar {
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-        out.extend_from_slice(b"{\"name\":");
-        write_str(out, &self.name)?;
-        out.extend_from_slice(b",\"value\":");
-        write_str(out, &self.value)?;
-        out.push(b'}');
+        let mut o = ObjectWriter::open(out);
+        o.str("name", Some(&self.name))?;
+        o.str("value", Some(&self.value))?;
+        o.close();
         Ok(())
     }
 }

@@ -272,10 +272,7 @@ impl Source {
                 let mut o = ObjectWriter::open(out);
                 o.str("driver", Some(driver))?;
                 o.str("fsType", fs_type.as_deref())?;
-                if let Some(r) = read_only {
-                    o.key("readOnly")
-                        .extend_from_slice(if *r { b"true" } else { b"false" });
-                }
+                o.bool("readOnly", *read_only);
                 if let Some(attributes) = volume_attributes {
                     write_map(o.key("volumeAttributes"), attributes, |v| v)?;
                 }
