@@ -7,6 +7,7 @@
 use std::{collections::BTreeMap, str::FromStr};
 
 use serde_json::Value;
+use smallvec::SmallVec;
 
 use crate::{
     echo::quoted,
@@ -231,8 +232,8 @@ struct Raw<'a> {
     init_containers: Option<InitTargets>,
     env: Option<Vec<String>>,
     /// The shorthands written, in order: each source (see [`Fit`]) refuses those it does not
-    /// accept.
-    shorthands: Vec<&'a str>,
+    /// accept. Inline room for the two or three an annotation writes.
+    shorthands: SmallVec<[&'a str; 4]>,
     /// The fields given with a value that was refused: their absence is not reported again.
     failed: Vec<&'a str>,
 }

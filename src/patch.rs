@@ -240,44 +240,72 @@ impl PatchValue for MetadataWith<'_> {
 
 /// JSON text this crate wrote (a volume source's object, by [`crate::volume::Source`]'s
 /// writer or serde_json), kept to be copied into patches as it is: never text from a
-/// request, so it is not parsed again. Shared: a profile's is written once, when the
-/// configuration is loaded, and copied into the patch of every pod that uses it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Json(Arc<str>);
+/// request, so it is not parsed again. A profile's is written once, when the configuration is
+/// loaded, and shared by the patch of every pod that uses it ([`Json::shared`]); one written
+/// for a pod is its writer's buffer, used once (copying it into an `Arc` would cost an
+/// allocation and a copy per volume).
+#[derive(Debug, Clone)]
+pub struct Json(Text);
+
+#[derive(Debug, Clone)]
+enum Text {
+    Shared(Arc<str>),
+    Own(String),
+}
 
 impl Json {
     /// The bytes a writer produced (UTF-8, as every writer here writes from `str`s).
     pub(crate) fn written(bytes: Vec<u8>) -> Result<Json, serde_json::Error> {
         let text = String::from_utf8(bytes).map_err(serde::ser::Error::custom)?;
-        Ok(Json(Arc::from(text)))
+        Ok(Json(Text::Own(text)))
+    }
+
+    /// The same text, shared by its clones (for text kept and copied into many patches).
+    pub(crate) fn shared(self) -> Json {
+        match self.0 {
+            Text::Own(text) => Json(Text::Shared(Arc::from(text))),
+            shared @ Text::Shared(_) => Json(shared),
+        }
     }
 
     /// The JSON text.
     pub fn get(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Text::Shared(text) => text,
+            Text::Own(text) => text,
+        }
     }
 }
 
+impl PartialEq for Json {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Json {}
+
 /// A `core/v1` Volume with one source, kept as the JSON it is written as; written as
-/// k8s-openapi's `Volume` serialises (keys in its order: the source, then `name`).
-#[derive(Debug, Clone)]
-pub struct Volume {
+/// k8s-openapi's `Volume` serialises (keys in its order: the source, then `name`). Borrowed,
+/// as the other values here, from what the plan was made of: a patch is written once.
+#[derive(Debug, Clone, Copy)]
+pub struct Volume<'a> {
     /// The volume's name.
-    pub name: String,
+    pub name: &'a str,
     /// The source's field: `emptyDir`, `csi` or `ephemeral`.
     pub kind: VolumeKind,
     /// The source object.
-    pub source: Json,
+    pub source: &'a Json,
 }
 
-impl PatchValue for Volume {
+impl PatchValue for Volume<'_> {
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         out.extend_from_slice(b"{\"");
         out.extend_from_slice(self.kind.as_str().as_bytes());
         out.extend_from_slice(b"\":");
         out.extend_from_slice(self.source.get().as_bytes());
         out.extend_from_slice(b",\"name\":");
-        write_str(out, &self.name)?;
+        write_str(out, self.name)?;
         out.push(b'}');
         Ok(())
     }
@@ -285,44 +313,44 @@ impl PatchValue for Volume {
 
 /// A `core/v1` VolumeMount with the fields the webhook sets; written as k8s-openapi's
 /// `VolumeMount` serialises (same names, same order, absent fields omitted).
-#[derive(Debug, Clone, PartialEq)]
-pub struct VolumeMount {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VolumeMount<'a> {
     /// Where it is mounted.
-    pub mount_path: String,
+    pub mount_path: &'a str,
     /// The volume's name.
-    pub name: String,
+    pub name: &'a str,
     /// `readOnly`, when given.
     pub read_only: Option<bool>,
     /// `subPath`, when given.
-    pub sub_path: Option<String>,
+    pub sub_path: Option<&'a str>,
 }
 
-impl PatchValue for VolumeMount {
+impl PatchValue for VolumeMount<'_> {
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         let mut o = ObjectWriter::open(out);
-        o.str("mountPath", Some(&self.mount_path))?;
-        o.str("name", Some(&self.name))?;
+        o.str("mountPath", Some(self.mount_path))?;
+        o.str("name", Some(self.name))?;
         o.bool("readOnly", self.read_only);
-        o.str("subPath", self.sub_path.as_deref())?;
+        o.str("subPath", self.sub_path)?;
         o.close();
         Ok(())
     }
 }
 
 /// A `core/v1` EnvVar with a literal value; written as k8s-openapi's `EnvVar` serialises.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EnvVar {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EnvVar<'a> {
     /// The variable.
-    pub name: String,
+    pub name: &'a str,
     /// Its value (a mount path).
-    pub value: String,
+    pub value: &'a str,
 }
 
-impl PatchValue for EnvVar {
+impl PatchValue for EnvVar<'_> {
     fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         let mut o = ObjectWriter::open(out);
-        o.str("name", Some(&self.name))?;
-        o.str("value", Some(&self.value))?;
+        o.str("name", Some(self.name))?;
+        o.str("value", Some(self.value))?;
         o.close();
         Ok(())
     }
@@ -381,10 +409,10 @@ mod tests {
             (None, Some("quote\"and\\tab\t")),
         ] {
             let ours = VolumeMount {
-                mount_path: "/scratch".into(),
-                name: "scratch".into(),
+                mount_path: "/scratch",
+                name: "scratch",
                 read_only,
-                sub_path: sub_path.map(str::to_owned),
+                sub_path,
             };
             let theirs = k8s::VolumeMount {
                 mount_path: "/scratch".into(),
@@ -396,8 +424,8 @@ mod tests {
             assert_eq!(json(&ours), serde_json::to_string(&theirs).unwrap());
         }
         let env = EnvVar {
-            name: "TMPDIR".into(),
-            value: "/scratch".into(),
+            name: "TMPDIR",
+            value: "/scratch",
         };
         let theirs = k8s::EnvVar {
             name: "TMPDIR".into(),
@@ -406,17 +434,18 @@ mod tests {
         };
         assert_eq!(json(&env), serde_json::to_string(&theirs).unwrap());
         assert_eq!(
-            json(&[env.clone(), env][..]),
+            json(&[env, env][..]),
             serde_json::to_string(&[&theirs, &theirs]).unwrap()
         );
         let source = k8s::EmptyDirVolumeSource {
             medium: Some("Memory".into()),
             ..Default::default()
         };
+        let written = Json::written(serde_json::to_vec(&source).unwrap()).unwrap();
         let volume = Volume {
-            name: "shm".into(),
+            name: "shm",
             kind: VolumeKind::EmptyDir,
-            source: Json::written(serde_json::to_vec(&source).unwrap()).unwrap(),
+            source: &written,
         };
         let theirs = k8s::Volume {
             name: "shm".into(),
@@ -449,6 +478,20 @@ mod tests {
     }
 
     #[test]
+    fn shared_json_is_one_text_for_every_clone() {
+        let own = Json::written(b"{\"medium\":\"Memory\"}".to_vec()).unwrap();
+        assert_ne!(own.clone().get().as_ptr(), own.get().as_ptr());
+        let shared = own.clone().shared();
+        assert_eq!(shared, own);
+        assert_eq!(shared.get(), r#"{"medium":"Memory"}"#);
+        assert_eq!(shared.clone().get().as_ptr(), shared.get().as_ptr());
+        assert_eq!(
+            shared.clone().shared().get().as_ptr(),
+            shared.get().as_ptr()
+        );
+    }
+
+    #[test]
     fn escape_follows_rfc_6901() {
         assert_eq!(escape("plain"), "plain");
         assert_eq!(
@@ -467,8 +510,8 @@ mod tests {
             .add(
                 "/spec/env",
                 &[EnvVar {
-                    name: "TMPDIR".into(),
-                    value: "/scratch".into(),
+                    name: "TMPDIR",
+                    value: "/scratch",
                 }][..],
             )
             .unwrap();

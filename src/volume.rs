@@ -333,7 +333,7 @@ impl Source {
     pub fn compile(&self) -> Result<CompiledSource, Invalid> {
         Ok(CompiledSource {
             kind: self.kind(),
-            json: self.to_json().map_err(|e| Invalid(e.to_string()))?,
+            json: self.to_json().map_err(|e| Invalid(e.to_string()))?.shared(),
             size: self.size()?,
             medium: self.medium(),
         })

@@ -218,7 +218,7 @@ fn unavailable(mode: ClusterMode, volumes: &[Resolved]) -> Result<Vec<String>, D
     let unavailable: Vec<String> = volumes
         .iter()
         .filter_map(|v| match &v.cluster {
-            Some(Finding::Unavailable(m)) => Some(format!("{}: {m}", v.origin.describe(&v.name))),
+            Some(Finding::Unavailable(m)) => Some(format!("{}: {m}", v.origin.describe(v.name))),
             _ => None,
         })
         .collect();

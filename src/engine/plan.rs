@@ -41,11 +41,11 @@ impl ContainerList {
 
 /// The mounts and variables one container gets.
 #[derive(Debug)]
-pub(super) struct ContainerChanges {
+pub(super) struct ContainerChanges<'a> {
     pub list: ContainerList,
     pub index: usize,
-    pub mounts: Additions<patch::VolumeMount>,
-    pub env: Additions<patch::EnvVar>,
+    pub mounts: Additions<patch::VolumeMount<'a>>,
+    pub env: Additions<patch::EnvVar<'a>>,
 }
 
 /// How much of `metadata.annotations` the pod has.
@@ -61,28 +61,29 @@ pub(super) enum Metadata {
 
 /// One annotation to set: its key, the key as a JSON-pointer token, and the value.
 #[derive(Debug)]
-pub(super) struct Annotation {
-    pub key: String,
-    pub token: String,
+pub(super) struct Annotation<'a> {
+    pub key: &'a str,
+    pub token: &'a str,
     pub value: String,
 }
 
-/// Everything to add to the pod, and what to tell the user.
+/// Everything to add to the pod, and what to tell the user. Borrows the resolved volumes and
+/// the configuration's status keys: the patch is written from it once.
 #[derive(Debug)]
-pub(super) struct Plan {
-    pub volumes: Additions<patch::Volume>,
+pub(super) struct Plan<'a> {
+    pub volumes: Additions<patch::Volume<'a>>,
     /// Containers first, then init containers, each in the pod's order.
-    pub containers: Vec<ContainerChanges>,
+    pub containers: Vec<ContainerChanges<'a>>,
     pub metadata: Metadata,
-    pub annotations: Vec<Annotation>,
+    pub annotations: Vec<Annotation<'a>>,
     /// The volumes added, with their kind.
     pub injected: Vec<(String, VolumeKind)>,
     pub warnings: Vec<String>,
 }
 
-impl Plan {
+impl<'a> Plan<'a> {
     /// A plan that adds nothing (yet).
-    pub(super) fn new(pod: &PodView) -> Plan {
+    pub(super) fn new(pod: &PodView) -> Plan<'a> {
         Plan {
             volumes: Additions {
                 exists: pod.spec.as_ref().is_some_and(|s| s.volumes.is_some()),
@@ -101,15 +102,15 @@ impl Plan {
     }
 
     /// Sets a status annotation, unless the pod already has it with this value.
-    pub(super) fn annotate(&mut self, pod: &PodView, status: &StatusKey, value: String) {
+    pub(super) fn annotate(&mut self, pod: &PodView, status: &'a StatusKey, value: String) {
         let current = pod
             .annotations()
             .and_then(|a| a.get(status.key.as_str()))
             .map(|v| &**v);
         if current != Some(value.as_str()) {
             self.annotations.push(Annotation {
-                key: status.key.clone(),
-                token: status.token.clone(),
+                key: &status.key,
+                token: &status.token,
                 value,
             });
         }
@@ -121,13 +122,15 @@ impl Plan {
 /// another volume is a conflict, a variable already set is left alone), the record annotation
 /// (every volume the webhook manages on this pod) and the warnings; every conflict into
 /// `errors`.
-pub(super) fn plan(
+pub(super) fn plan<'a>(
     pod: &PodView,
-    volumes: &[Resolved],
-    record: &StatusKey,
+    volumes: &'a [Resolved<'_>],
+    record: &'a StatusKey,
     errors: &mut Vec<Denial>,
-) -> Plan {
+) -> Plan<'a> {
     let mut plan = Plan::new(pod);
+    plan.volumes.items.reserve_exact(volumes.len());
+    plan.injected.reserve_exact(volumes.len());
     for v in volumes {
         if let Err(d) = add_volume(&mut plan, pod, v) {
             errors.push(d);
@@ -139,7 +142,7 @@ pub(super) fn plan(
     ];
     for (list, containers) in lists {
         for (index, c) in containers.iter().enumerate() {
-            let targets = |v: &Resolved| match list {
+            let targets = |v: &Resolved<'_>| match list {
                 ContainerList::Containers => v.containers.contains(index),
                 ContainerList::InitContainers => v.init_containers.contains(index),
             };
@@ -166,19 +169,19 @@ pub(super) fn plan(
             }
         }
     }
-    let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    let names: Vec<&str> = volumes.iter().map(|v| v.name).collect();
     plan.annotate(pod, record, names.join(","));
     plan
 }
 
 /// A new volume, or one the pod already has identically (nothing to add).
-fn add_volume(plan: &mut Plan, pod: &PodView, v: &Resolved) -> Result<(), Denial> {
+fn add_volume<'a>(plan: &mut Plan<'a>, pod: &PodView, v: &'a Resolved<'_>) -> Result<(), Denial> {
     let volume = patch::Volume {
-        name: v.name.clone(),
+        name: v.name,
         kind: v.kind,
-        source: v.source.clone(),
+        source: &v.source,
     };
-    if let Some(raw) = pod.volume_named(&v.name) {
+    if let Some(raw) = pod.volume_named(v.name) {
         let existing: serde_json::Value =
             serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
         let mut json = Vec::new();
@@ -191,7 +194,7 @@ fn add_volume(plan: &mut Plan, pod: &PodView, v: &Resolved) -> Result<(), Denial
                 "volume {:?} ({}): the pod already has a volume with this name, {differs}; \
                  rename one of them",
                 v.name,
-                v.origin.describe(&v.name)
+                v.origin.describe(v.name)
             ))
         });
     }
@@ -208,30 +211,26 @@ fn add_volume(plan: &mut Plan, pod: &PodView, v: &Resolved) -> Result<(), Denial
             v.name
         ));
     }
-    plan.injected.push((v.name.clone(), v.kind));
+    plan.injected.push((v.name.to_owned(), v.kind));
     plan.volumes.items.push(volume);
     Ok(())
 }
 
 /// The mount in one container, unless it is there already; another volume at the same path
 /// is a conflict. Paths are compared in one spelling (`/scratch/` is `/scratch`).
-fn mount(
-    changes: &mut ContainerChanges,
+fn mount<'a>(
+    changes: &mut ContainerChanges<'a>,
     warnings: &mut Vec<String>,
     c: &ContainerView,
-    v: &Resolved,
-    volumes: &[Resolved],
+    v: &'a Resolved<'_>,
+    volumes: &[Resolved<'_>],
 ) -> Result<(), Denial> {
     let existing = c
         .volume_mounts
         .iter()
         .flatten()
         .map(|m| (&*m.mount_path, &*m.name));
-    let added = changes
-        .mounts
-        .items
-        .iter()
-        .map(|m| (m.mount_path.as_str(), m.name.as_str()));
+    let added = changes.mounts.items.iter().map(|m| (m.mount_path, m.name));
     let taken = existing
         .chain(added)
         .find(|(path, _)| same_path(path, &v.mount_path));
@@ -247,17 +246,17 @@ fn mount(
             Err(Denial::conflict(format!(
                 "volume {:?} ({}): container {:?} already mounts {from} at {}",
                 v.name,
-                v.origin.describe(&v.name),
+                v.origin.describe(v.name),
                 c.name,
                 v.mount_path
             )))
         }
         None => {
             changes.mounts.items.push(patch::VolumeMount {
-                mount_path: v.mount_path.clone(),
-                name: v.name.clone(),
+                mount_path: &v.mount_path,
+                name: v.name,
                 read_only: v.read_only,
-                sub_path: v.sub_path.clone(),
+                sub_path: v.sub_path.as_deref(),
             });
             warn_mount(warnings, c, v);
             Ok(())
@@ -267,11 +266,11 @@ fn mount(
 
 /// The variables set to the mount path; one the container (or another volume) sets already
 /// is left alone, with a warning unless it has this value.
-fn set_env(
-    changes: &mut ContainerChanges,
+fn set_env<'a>(
+    changes: &mut ContainerChanges<'a>,
     warnings: &mut Vec<String>,
     c: &ContainerView,
-    v: &Resolved,
+    v: &'a Resolved<'_>,
 ) {
     for var in &v.env {
         match c.env.iter().flatten().find(|e| *e.name == **var) {
@@ -285,15 +284,15 @@ fn set_env(
                 v.name, c.name
             )),
             None => changes.env.items.push(patch::EnvVar {
-                name: var.clone(),
-                value: v.mount_path.clone(),
+                name: var,
+                value: &v.mount_path,
             }),
         }
     }
 }
 
 /// An emptyDir that can outgrow what the container is given.
-fn warn_mount(warnings: &mut Vec<String>, c: &ContainerView, v: &Resolved) {
+fn warn_mount(warnings: &mut Vec<String>, c: &ContainerView, v: &Resolved<'_>) {
     if v.kind != VolumeKind::EmptyDir {
         return;
     }
@@ -323,9 +322,9 @@ fn warn_mount(warnings: &mut Vec<String>, c: &ContainerView, v: &Resolved) {
 }
 
 /// The annotations as one object, for a pod that has no `metadata.annotations`.
-pub(super) fn annotation_map(annotations: &[Annotation]) -> BTreeMap<&str, &str> {
+pub(super) fn annotation_map<'a>(annotations: &'a [Annotation<'_>]) -> BTreeMap<&'a str, &'a str> {
     annotations
         .iter()
-        .map(|a| (a.key.as_str(), a.value.as_str()))
+        .map(|a| (a.key, a.value.as_str()))
         .collect()
 }

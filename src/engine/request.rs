@@ -19,7 +19,7 @@ pub(super) enum Scope {
 
 /// Whether a request is audited: its rule is, the profile it names is, or (an annotation's
 /// inline volume) the configuration's default is.
-pub(super) fn audited(cfg: &Config, origin: &Origin, request: &VolumeRequest) -> bool {
+pub(super) fn audited(cfg: &Config, origin: &Origin<'_>, request: &VolumeRequest) -> bool {
     audited_rule(cfg, origin)
         || match &request.source {
             Requested::Profile(p) => cfg.audited_profiles.contains(p),
@@ -27,7 +27,7 @@ pub(super) fn audited(cfg: &Config, origin: &Origin, request: &VolumeRequest) ->
         }
 }
 
-fn audited_rule(cfg: &Config, origin: &Origin) -> bool {
+fn audited_rule(cfg: &Config, origin: &Origin<'_>) -> bool {
     match origin {
         Origin::Rule(name) => cfg
             .rules
@@ -40,7 +40,7 @@ fn audited_rule(cfg: &Config, origin: &Origin) -> bool {
 /// What is audited among a pod's requests, for the warning and the metrics: `rule/<name>`,
 /// `profile/<name>`, `mode/audit` (an annotation's inline volume under the default `mode:
 /// audit`; not its key, which pods choose: the sources are metric labels).
-pub(super) fn audited_sources(cfg: &Config, requests: &[Request]) -> Vec<String> {
+pub(super) fn audited_sources(cfg: &Config, requests: &[Request<'_>]) -> Vec<String> {
     let mut sources = Vec::new();
     for r in requests
         .iter()
@@ -59,16 +59,17 @@ pub(super) fn audited_sources(cfg: &Config, requests: &[Request]) -> Vec<String>
     sources
 }
 
-/// Where a request came from, for messages and for policy.
-#[derive(Debug, Clone)]
-pub(super) enum Origin {
+/// Where a request came from, for messages and for policy (borrowed from the pod or the
+/// configuration, which outlive the decision).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Origin<'a> {
     /// An annotation, by key: held to the policy.
-    Annotation(String),
+    Annotation(&'a str),
     /// A rule, by name: trusted.
-    Rule(String),
+    Rule(&'a str),
 }
 
-impl Origin {
+impl Origin<'_> {
     /// How messages name the request.
     pub(super) fn describe(&self, volume: &str) -> String {
         match self {
@@ -83,10 +84,10 @@ impl Origin {
 }
 
 /// One volume asked for.
-pub(super) struct Request {
-    /// The volume's name.
-    pub name: String,
-    pub origin: Origin,
+pub(super) struct Request<'a> {
+    /// The volume's name (after the annotation prefix, or a rule's volume).
+    pub name: &'a str,
+    pub origin: Origin<'a>,
     pub request: VolumeRequest,
 }
 
@@ -98,12 +99,12 @@ fn volume_name<'k>(cfg: &Config, key: &'k str) -> Option<&'k str> {
 /// Every volume the pod asks for, by name; an annotation wins over a rule for the same name,
 /// and the first matching rule over later ones. Every annotation error, beside the requests
 /// that could be read (a refused annotation still keeps its name from the rules).
-pub(super) fn collect(
-    cfg: &Config,
-    pod: &PodView,
+pub(super) fn collect<'a>(
+    cfg: &'a Config,
+    pod: &'a PodView<'_>,
     namespace: &str,
     scope: Scope,
-) -> Result<(Vec<Request>, Vec<Denial>), Denial> {
+) -> Result<(Vec<Request<'a>>, Vec<Denial>), Denial> {
     // Sized for the annotations' requests: a `Request` is 328 bytes, and the first push's
     // room for four would take mimalloc's slower path for blocks above 1 KiB.
     let asked = pod.annotations().map_or(0, |a| {
@@ -118,13 +119,13 @@ pub(super) fn collect(
         };
         let parsed =
             validate::dns_label("volume name", name).and_then(|()| value.parse::<VolumeRequest>());
-        let origin = Origin::Annotation(key.to_string());
+        let origin = Origin::Annotation(key);
         match parsed {
             Ok(request) if scope == Scope::Enforced && audited(cfg, &origin, &request) => {
                 refused.push(name);
             }
             Ok(request) => requests.push(Request {
-                name: name.to_owned(),
+                name,
                 origin,
                 request,
             }),
@@ -149,19 +150,19 @@ pub(super) fn collect(
             continue;
         }
         for (name, request) in &rule.volumes {
-            let origin = Origin::Rule(rule.name.clone());
+            let origin = Origin::Rule(&rule.name);
             if scope == Scope::Enforced && audited(cfg, &origin, request) {
                 continue;
             }
-            if !requests.iter().any(|r| r.name == *name) && !refused.contains(&name.as_str()) {
+            if !requests.iter().any(|r| r.name == name) && !refused.contains(&name.as_str()) {
                 requests.push(Request {
-                    name: name.clone(),
+                    name,
                     origin,
                     request: request.clone(),
                 });
             }
         }
     }
-    requests.sort_by(|a, b| a.name.cmp(&b.name));
+    requests.sort_by(|a, b| a.name.cmp(b.name));
     Ok((requests, errors))
 }

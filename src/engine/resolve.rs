@@ -19,9 +19,9 @@ use crate::{
 };
 
 /// A volume to add to the pod, with everything the plan needs.
-pub(super) struct Resolved {
-    pub name: String,
-    pub origin: Origin,
+pub(super) struct Resolved<'a> {
+    pub name: &'a str,
+    pub origin: Origin<'a>,
     pub kind: VolumeKind,
     /// The source object as the patch carries it.
     pub source: Json,
@@ -38,14 +38,14 @@ pub(super) struct Resolved {
 }
 
 /// Every request resolved, and every error beside (the count held to `maxVolumesPerPod`).
-pub(super) fn all(
+pub(super) fn all<'a>(
     cfg: &Config,
     policy: &Policy,
     cluster: Option<&ClusterState>,
     pod: &PodView,
-    requests: Vec<Request>,
+    requests: Vec<Request<'a>>,
     errors: &mut Vec<Denial>,
-) -> Vec<Resolved> {
+) -> Vec<Resolved<'a>> {
     let count = requests.len();
     let mut volumes = Vec::with_capacity(count);
     for request in requests {
@@ -60,7 +60,7 @@ pub(super) fn all(
     volumes
 }
 
-fn resolve(
+fn resolve<'a>(
     cfg: &Config,
     policy: &Policy,
     cluster: Option<&ClusterState>,
@@ -69,10 +69,10 @@ fn resolve(
         name,
         origin,
         request,
-    }: Request,
-) -> Result<Resolved, Denial> {
+    }: Request<'a>,
+) -> Result<Resolved<'a>, Denial> {
     // Where the request came from, written out only for a message.
-    let at = || origin.describe(&name);
+    let at = || origin.describe(name);
     let here = |d: Denial| d.at(at());
     let checked = origin.is_annotation();
     let VolumeRequest {

@@ -34,7 +34,7 @@ pub(super) fn write(pointer: &str, plan: &Plan) -> Result<Patch, Denial> {
             Metadata::Annotations => {
                 for a in &plan.annotations {
                     let at = path.at("/metadata/annotations/");
-                    at.push_str(&a.token);
+                    at.push_str(a.token);
                     add(&mut patch, at, &a.value)?;
                 }
             }
@@ -113,14 +113,11 @@ mod tests {
         volume::VolumeKind,
     };
 
-    fn plan(exists: bool, metadata: Metadata) -> Plan {
-        let source =
-            crate::patch::Json::written(serde_json::to_vec(&json!({"sizeLimit": "1Gi"})).unwrap())
-                .unwrap();
+    fn plan(exists: bool, metadata: Metadata, source: &crate::patch::Json) -> Plan<'_> {
         let additions = |items| Additions { exists, items };
         Plan {
             volumes: additions(vec![Volume {
-                name: "s".into(),
+                name: "s",
                 kind: VolumeKind::EmptyDir,
                 source,
             }]),
@@ -130,8 +127,8 @@ mod tests {
                 mounts: Additions {
                     exists,
                     items: vec![VolumeMount {
-                        mount_path: "/s".into(),
-                        name: "s".into(),
+                        mount_path: "/s",
+                        name: "s",
                         read_only: None,
                         sub_path: None,
                     }],
@@ -139,16 +136,16 @@ mod tests {
                 env: Additions {
                     exists,
                     items: vec![EnvVar {
-                        name: "TMPDIR".into(),
-                        value: "/s".into(),
+                        name: "TMPDIR",
+                        value: "/s",
                     }],
                 },
             }],
             metadata,
-            annotations: ["a/x", "a/y"]
-                .map(|key| Annotation {
-                    key: key.into(),
-                    token: key.replace('/', "~1"),
+            annotations: [("a/x", "a~1x"), ("a/y", "a~1y")]
+                .map(|(key, token)| Annotation {
+                    key,
+                    token,
                     value: "v".into(),
                 })
                 .into(),
@@ -157,7 +154,12 @@ mod tests {
         }
     }
 
-    fn ops(plan: &Plan) -> Vec<(String, Value)> {
+    fn source() -> crate::patch::Json {
+        crate::patch::Json::written(serde_json::to_vec(&json!({"sizeLimit": "1Gi"})).unwrap())
+            .unwrap()
+    }
+
+    fn ops(plan: &Plan<'_>) -> Vec<(String, Value)> {
         let patch: Value =
             serde_json::from_slice(write("/spec/template", plan).unwrap().as_bytes()).unwrap();
         patch
@@ -170,7 +172,7 @@ mod tests {
 
     #[test]
     fn missing_arrays_are_written_whole_in_order() {
-        let got = ops(&plan(false, Metadata::Missing));
+        let got = ops(&plan(false, Metadata::Missing, &source()));
         let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(
             paths,
@@ -190,7 +192,7 @@ mod tests {
 
     #[test]
     fn existing_arrays_are_appended_to_and_annotations_set_one_by_one() {
-        let got = ops(&plan(true, Metadata::Annotations));
+        let got = ops(&plan(true, Metadata::Annotations, &source()));
         let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(
             paths,
@@ -203,7 +205,7 @@ mod tests {
             ]
         );
         assert_eq!(got[2].1, json!({"name": "TMPDIR", "value": "/s"}));
-        let no_annotations = ops(&plan(true, Metadata::NoAnnotations));
+        let no_annotations = ops(&plan(true, Metadata::NoAnnotations, &source()));
         assert_eq!(
             no_annotations.last().unwrap(),
             &(
