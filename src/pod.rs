@@ -344,9 +344,12 @@ fn volume_name<'a>(raw: &'a RawValue) -> Option<Str<'a>> {
 /// else (escapes, other orders, whitespace) falls back to a real parse.
 fn name_first(raw: &str) -> Option<&str> {
     let rest = raw.strip_prefix("{\"name\":\"")?;
-    let end = rest.find('"')?;
-    let name = &rest[..end];
-    (!name.contains('\\')).then_some(name)
+    // A byte loop: names are a few bytes, where `str::find`'s searcher costs more to set up
+    // than to run (it was 1.2 % of a Pod-mode decision's time).
+    match rest.bytes().position(|b| b == b'"' || b == b'\\') {
+        Some(end) if rest.as_bytes().get(end) == Some(&b'"') => rest.get(..end),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -359,16 +362,23 @@ mod tests {
             {"name":"fast","emptyDir":{}},
             { "emptyDir": {}, "name": "slow" },
             {"name":"esc\u0061ped","emptyDir":{}},
+            {"name":"then","csi":{"driver":"d","volumeAttributes":{"k":"a\"b\\c"}}},
             {"emptyDir":{}}
         ]}}"#;
         let pod: PodView<'_> = serde_json::from_str(body).unwrap();
-        for name in ["fast", "slow", "escaped"] {
+        for name in ["fast", "slow", "escaped", "then"] {
             assert!(pod.volume_named(name).is_some(), "{name}");
         }
         assert!(pod.volume_named("slow").unwrap().get().contains("\"slow\""));
         assert!(pod.volume_named("escaped").is_some());
         assert!(pod.volume_named("missing").is_none());
         assert!(PodView::default().volume_named("fast").is_none());
+        // The shortcut reads a plain name and leaves an escaped one to the parser.
+        assert_eq!(name_first(r#"{"name":"ab","x":"\\"}"#), Some("ab"));
+        assert_eq!(name_first(r#"{"name":"a\"b","x":1}"#), None);
+        assert_eq!(name_first(r#"{"name":"","x":1}"#), Some(""));
+        assert_eq!(name_first(r#"{"name":"unterminated"#), None);
+        assert_eq!(name_first(r#"{"x":1,"name":"ab"}"#), None);
     }
 
     #[test]
