@@ -241,7 +241,7 @@ impl PatchValue for MetadataWith<'_> {
 /// JSON text this crate wrote (a volume source's object, by [`crate::volume::Source`]'s
 /// writer or serde_json), kept to be copied into patches as it is: never text from a
 /// request, so it is not parsed again. A profile's is written once, when the configuration is
-/// loaded, and shared by the patch of every pod that uses it ([`Json::shared`]); one written
+/// loaded, and shared by the patch of every pod that uses it (`Json::shared`); one written
 /// for a pod is its writer's buffer, used once (copying it into an `Arc` would cost an
 /// allocation and a copy per volume).
 #[derive(Debug, Clone)]
