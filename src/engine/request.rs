@@ -105,7 +105,7 @@ pub(super) fn collect<'a>(
     namespace: &str,
     scope: Scope,
 ) -> Result<(Vec<Request<'a>>, Vec<Denial>), Denial> {
-    // Sized for the annotations' requests: a `Request` is 328 bytes, and the first push's
+    // Sized for the annotations' requests: a `Request` is 312 bytes, and the first push's
     // room for four would take mimalloc's slower path for blocks above 1 KiB.
     let asked = pod.annotations().map_or(0, |a| {
         a.keys().filter(|k| volume_name(cfg, k).is_some()).count()
