@@ -391,18 +391,20 @@ impl<'a> Raw<'a> {
             ("csi", self.csi.is_some()),
             ("ephemeral", self.ephemeral.is_some()),
         ];
-        let many: Vec<&str> = given.iter().filter_map(|(n, g)| g.then_some(*n)).collect();
         let refused = given.iter().any(|(n, _)| self.failed(n));
-        match many.len() {
+        match given.iter().filter(|(_, g)| *g).count() {
             0 if refused => Ok(false),
             0 => {
                 bad("no volume source: give exactly one of profile, type, emptyDir, csi, ephemeral")
             }
             1 => Ok(true),
-            _ => bad(format!(
-                "{} are given together; give exactly one volume source",
-                many.join(" and ")
-            )),
+            _ => {
+                let many: Vec<&str> = given.iter().filter_map(|(n, g)| g.then_some(*n)).collect();
+                bad(format!(
+                    "{} are given together; give exactly one volume source",
+                    many.join(" and ")
+                ))
+            }
         }
     }
 
@@ -574,12 +576,14 @@ mod tests {
     #[test]
     fn key_value_ephemeral_defaults_to_read_write_once() {
         let r = ok("type=ephemeral,storageClass=gp3,size=100Gi,mountPath=/scratch");
-        let Requested::Inline(Source::Ephemeral(e)) = r.source else {
+        let Requested::Inline(Source::Claim(c)) = r.source else {
             panic!()
         };
-        let spec = e.volume_claim_template.unwrap().spec;
+        assert_eq!(c.access_mode, "ReadWriteOnce");
+        assert_eq!(c.storage_class.as_deref(), Some("gp3"));
+        assert_eq!(c.size.as_deref(), Some("100Gi"));
+        let spec = c.template().volume_claim_template.unwrap().spec;
         assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
-        assert_eq!(spec.storage_class_name.as_deref(), Some("gp3"));
         assert_eq!(
             spec.resources.unwrap().requests.unwrap()["storage"],
             K8sQuantity("100Gi".into())

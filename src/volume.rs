@@ -3,7 +3,7 @@
 //! compilation). Nothing here parses an annotation ([`crate::annotation`]) or decides for a pod
 //! ([`crate::engine`]).
 
-use std::{collections::BTreeMap, fmt, str::FromStr};
+use std::{borrow::Cow, collections::BTreeMap, fmt, str::FromStr};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -90,8 +90,49 @@ pub enum Source {
     EmptyDir(EmptyDirVolumeSource),
     /// A CSI inline volume.
     Csi(CSIVolumeSource),
-    /// A generic ephemeral volume (boxed: the PVC template is large).
+    /// A generic ephemeral volume given as its Kubernetes object (boxed: the PVC template is
+    /// large).
     Ephemeral(Box<EphemeralVolumeSource>),
+    /// A generic ephemeral volume as the `type=ephemeral` shorthand describes it.
+    Claim(Claim),
+}
+
+/// A generic ephemeral volume as the `type=ephemeral` shorthand describes it: a PVC template
+/// with one access mode, a storage class (the cluster's default when `None`) and a `storage`
+/// request (`None` until `size=request` sets it). Its three fields, not k8s-openapi's template
+/// (seven allocations to build and drop for every such volume of every pod); written to the
+/// patch as that template serialises ([`Claim::template`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// `storageClassName`.
+    pub storage_class: Option<String>,
+    /// The one entry of `accessModes` (a known mode is not copied).
+    pub access_mode: Cow<'static, str>,
+    /// `resources.requests.storage`.
+    pub size: Option<String>,
+}
+
+impl Claim {
+    /// The same volume as k8s-openapi's object.
+    pub fn template(&self) -> EphemeralVolumeSource {
+        EphemeralVolumeSource {
+            volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                metadata: None,
+                spec: PersistentVolumeClaimSpec {
+                    access_modes: Some(vec![self.access_mode.clone().into_owned()]),
+                    storage_class_name: self.storage_class.clone(),
+                    resources: self.size.as_ref().map(|size| VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "storage".to_owned(),
+                            K8sQuantity(size.clone()),
+                        )])),
+                        limits: None,
+                    }),
+                    ..Default::default()
+                },
+            }),
+        }
+    }
 }
 
 impl Source {
@@ -128,23 +169,14 @@ impl Source {
     /// A generic ephemeral volume: a PVC of `storage_class` (the cluster's default when
     /// `None`) with one access mode, requesting `size` (set later for `size=request`).
     pub fn ephemeral(storage_class: Option<&str>, access_mode: &str, size: Option<&str>) -> Source {
-        Source::Ephemeral(Box::new(EphemeralVolumeSource {
-            volume_claim_template: Some(PersistentVolumeClaimTemplate {
-                metadata: None,
-                spec: PersistentVolumeClaimSpec {
-                    access_modes: Some(vec![access_mode.to_owned()]),
-                    storage_class_name: storage_class.map(str::to_owned),
-                    resources: size.map(|size| VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([(
-                            "storage".to_owned(),
-                            K8sQuantity(size.to_owned()),
-                        )])),
-                        limits: None,
-                    }),
-                    ..Default::default()
-                },
-            }),
-        }))
+        Source::Claim(Claim {
+            storage_class: storage_class.map(str::to_owned),
+            access_mode: ACCESS_MODES
+                .into_iter()
+                .find(|m| *m == access_mode)
+                .map_or_else(|| Cow::Owned(access_mode.to_owned()), Cow::Borrowed),
+            size: size.map(str::to_owned),
+        })
     }
 
     /// The source's kind.
@@ -152,7 +184,7 @@ impl Source {
         match self {
             Source::EmptyDir(_) => VolumeKind::EmptyDir,
             Source::Csi(_) => VolumeKind::Csi,
-            Source::Ephemeral(_) => VolumeKind::Ephemeral,
+            Source::Ephemeral(_) | Source::Claim(_) => VolumeKind::Ephemeral,
         }
     }
 
@@ -185,6 +217,11 @@ impl Source {
                 .and_then(|r| r.get("storage"))
                 .map(|q| parse(STORAGE, q))
                 .transpose(),
+            Source::Claim(c) => c
+                .size
+                .as_deref()
+                .map(|q| validate::parse_size(STORAGE, q))
+                .transpose(),
             Source::Csi(_) => Ok(None),
         }
     }
@@ -204,6 +241,7 @@ impl Source {
                     .get_or_insert_with(Default::default)
                     .insert("storage".into(), K8sQuantity(size.to_owned()));
             }
+            Source::Claim(c) => c.size = Some(size.to_owned()),
             Source::Csi(_) => return bad("size does not apply to a CSI inline volume"),
         }
         Ok(self)
@@ -224,6 +262,7 @@ impl Source {
                 .volume_claim_template
                 .as_ref()
                 .and_then(|t| t.spec.storage_class_name.as_deref()),
+            Source::Claim(c) => c.storage_class.as_deref(),
             _ => None,
         }
     }
@@ -239,6 +278,7 @@ impl Source {
             Source::EmptyDir(e) => serde_json::to_vec(e),
             Source::Csi(c) => serde_json::to_vec(c),
             Source::Ephemeral(e) => serde_json::to_vec(e),
+            Source::Claim(c) => serde_json::to_vec(&c.template()),
         }
         .and_then(Json::written)
     }
@@ -325,6 +365,28 @@ impl Source {
                 o.close();
                 out.extend_from_slice(b"}}");
             }
+            Source::Claim(Claim {
+                storage_class,
+                access_mode,
+                size,
+            }) => {
+                out.extend_from_slice(b"{\"volumeClaimTemplate\":{\"spec\":");
+                let mut o = ObjectWriter::open(out);
+                let modes = o.key("accessModes");
+                modes.push(b'[');
+                write_str(modes, access_mode)?;
+                modes.push(b']');
+                if let Some(size) = size {
+                    let mut r = ObjectWriter::open(o.key("resources"));
+                    let mut requests = ObjectWriter::open(r.key("requests"));
+                    requests.str("storage", Some(size))?;
+                    requests.close();
+                    r.close();
+                }
+                o.str("storageClassName", storage_class.as_deref())?;
+                o.close();
+                out.extend_from_slice(b"}}");
+            }
         }
         Ok(true)
     }
@@ -348,6 +410,11 @@ impl Source {
             Source::EmptyDir(e) => validate_empty_dir(e, written, &mut problems),
             Source::Csi(c) => validate_csi(c, written, &mut problems),
             Source::Ephemeral(e) => validate_ephemeral(e, sized_later, written, &mut problems),
+            Source::Claim(c) => {
+                access_modes([&*c.access_mode], written, &mut problems);
+                storage_class(c.storage_class.as_deref(), written, &mut problems);
+                storage(c.size.as_deref(), sized_later, written, &mut problems);
+            }
         }
         problems.finish(())
     }
@@ -441,20 +508,10 @@ fn validate_ephemeral(
     };
     let spec = &t.spec;
     let modes = spec.access_modes.as_deref().unwrap_or_default();
-    let modes_field = written.name(
-        "accessMode",
-        "ephemeral.volumeClaimTemplate.spec.accessModes",
-    );
     if modes.is_empty() {
         problems.push(format!("{PVC_SPEC}.accessModes is required"));
     }
-    for m in modes.iter().filter(|m| !ACCESS_MODES.contains(&m.as_str())) {
-        problems.push(format!(
-            "{modes_field} {} is not one of {}",
-            quoted(m),
-            ACCESS_MODES.join(", ")
-        ));
-    }
+    access_modes(modes.iter().map(String::as_str), written, problems);
     if let Some(meta) = &t.metadata {
         problems.check(validate::template_metadata(meta));
     }
@@ -468,7 +525,42 @@ fn validate_ephemeral(
             quoted(other)
         )),
     }
-    if let Some(sc) = &spec.storage_class_name {
+    storage_class(spec.storage_class_name.as_deref(), written, problems);
+    let requested = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"));
+    storage(
+        requested.map(|q| q.0.as_str()),
+        sized_later,
+        written,
+        problems,
+    );
+}
+
+/// A PVC template's access modes (either form): each one Kubernetes knows.
+fn access_modes<'m>(
+    modes: impl IntoIterator<Item = &'m str>,
+    written: Written,
+    problems: &mut Problems,
+) {
+    let field = written.name(
+        "accessMode",
+        "ephemeral.volumeClaimTemplate.spec.accessModes",
+    );
+    for m in modes.into_iter().filter(|m| !ACCESS_MODES.contains(m)) {
+        problems.push(format!(
+            "{field} {} is not one of {}",
+            quoted(m),
+            ACCESS_MODES.join(", ")
+        ));
+    }
+}
+
+/// A PVC template's storage class (either form): a name the API server accepts.
+fn storage_class(class: Option<&str>, written: Written, problems: &mut Problems) {
+    if let Some(sc) = class {
         problems.check(validate::dns_subdomain(
             written.name(
                 "storageClass",
@@ -477,14 +569,14 @@ fn validate_ephemeral(
             sc,
         ));
     }
-    let storage = spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"));
-    match storage {
+}
+
+/// A PVC template's `storage` request (either form): a size that parses, required unless it
+/// comes later from the pod.
+fn storage(size: Option<&str>, sized_later: bool, written: Written, problems: &mut Problems) {
+    match size {
         Some(q) => {
-            problems.check(validate::parse_size(written.name("size", STORAGE), &q.0));
+            problems.check(validate::parse_size(written.name("size", STORAGE), q));
         }
         None if sized_later => {}
         None => problems.push(format!("{STORAGE} is required")),
@@ -653,6 +745,9 @@ mod tests {
                     medium: a.map(str::to_owned),
                     size_limit: b.map(|s| K8sQuantity(s.to_owned())),
                 }));
+                for mode in ["ReadWriteOncePod", "bad\"mode"] {
+                    sources.push(Source::ephemeral(a, mode, b));
+                }
                 let map = |k: Option<&str>| {
                     k.map(|k| {
                         BTreeMap::from([(k.to_owned(), "v".to_owned()), ("a".into(), "\"".into())])
@@ -736,6 +831,7 @@ mod tests {
                 Source::EmptyDir(e) => serde_json::to_string(e),
                 Source::Csi(c) => serde_json::to_string(c),
                 Source::Ephemeral(e) => serde_json::to_string(e),
+                Source::Claim(c) => serde_json::to_string(&c.template()),
             }
             .unwrap();
             assert_eq!(source.to_json().unwrap().get(), theirs, "{source:?}");
@@ -746,6 +842,53 @@ mod tests {
             direct > sources.len() / 2 && direct < sources.len(),
             "{direct}"
         );
+    }
+
+    /// The shorthand's three fields behave as the k8s-openapi template they stand for, valid or
+    /// not: the same kind, size, class, problems (in order), JSON, and JSON once resized.
+    #[test]
+    fn a_claim_is_its_template() {
+        for class in [None, Some("gp3"), Some("Not_A_Name")] {
+            for mode in ["ReadWriteOnce", "ReadWriteMany", "Sometimes"] {
+                for size in [None, Some("100Gi"), Some("lots")] {
+                    let claim = Source::ephemeral(class, mode, size);
+                    let Source::Claim(c) = &claim else {
+                        panic!("{claim:?}")
+                    };
+                    let template = Source::Ephemeral(Box::new(c.template()));
+                    let what = format!("{claim:?}");
+                    assert_eq!(claim.kind(), template.kind(), "{what}");
+                    assert_eq!(claim.medium(), template.medium(), "{what}");
+                    assert_eq!(claim.size(), template.size(), "{what}");
+                    assert_eq!(claim.storage_class(), template.storage_class(), "{what}");
+                    for later in [false, true] {
+                        for written in [Written::Shorthand, Written::Object] {
+                            assert_eq!(
+                                claim.validate(later, written),
+                                template.validate(later, written),
+                                "{what}"
+                            );
+                        }
+                    }
+                    assert_eq!(
+                        claim.to_json().unwrap().get(),
+                        template.to_json().unwrap().get(),
+                        "{what}"
+                    );
+                    let resized = |s: &Source| s.clone().with_size("5Gi").unwrap().to_json();
+                    assert_eq!(
+                        resized(&claim).unwrap().get(),
+                        resized(&template).unwrap().get(),
+                        "{what}"
+                    );
+                }
+            }
+        }
+        // A known mode is not copied.
+        let Source::Claim(c) = Source::ephemeral(None, "ReadWriteOncePod", None) else {
+            panic!()
+        };
+        assert!(matches!(c.access_mode, Cow::Borrowed("ReadWriteOncePod")));
     }
 
     #[test]

@@ -44,9 +44,12 @@ pub(super) fn allowlists(policy: &Policy, source: &Source) -> Result<(), Denial>
             allowed.join(", ")
         )));
     }
-    if let (Some(allowed), Source::Ephemeral(e)) = (&policy.storage_classes, source)
-        && e.volume_claim_template.is_some()
-    {
+    let claim = match source {
+        Source::Ephemeral(e) => e.volume_claim_template.is_some(),
+        Source::Claim(_) => true,
+        Source::EmptyDir(_) | Source::Csi(_) => false,
+    };
+    if let (Some(allowed), true) = (&policy.storage_classes, claim) {
         match source.storage_class() {
             Some(sc) if allowed.iter().any(|a| a == sc) => {}
             Some(sc) => {
