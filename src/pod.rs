@@ -8,6 +8,7 @@ use std::{borrow::Borrow, borrow::Cow, collections::BTreeMap, fmt, ops::Deref};
 
 use serde::{Deserialize, Deserializer, de};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 /// A string borrowed from the input when it has no escapes, owned otherwise.
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -160,7 +161,7 @@ pub struct SpecView<'a> {
     pub init_containers: Option<Vec<ContainerView<'a>>>,
     /// `volumes`, kept raw: only their names are read, and a same-named one compared.
     #[serde(borrow)]
-    pub volumes: Option<Vec<&'a RawValue>>,
+    pub volumes: Option<SmallVec<[&'a RawValue; 4]>>,
     /// `os`.
     #[serde(borrow)]
     pub os: Option<OsView<'a>>,
@@ -183,10 +184,10 @@ pub struct ContainerView<'a> {
     pub name: Str<'a>,
     /// `volumeMounts`.
     #[serde(borrow)]
-    pub volume_mounts: Option<Vec<MountView<'a>>>,
+    pub volume_mounts: Option<SmallVec<[MountView<'a>; 2]>>,
     /// `env`.
     #[serde(borrow)]
-    pub env: Option<Vec<EnvView<'a>>>,
+    pub env: Option<SmallVec<[EnvView<'a>; 2]>>,
     /// `resources`.
     #[serde(borrow)]
     pub resources: Option<ResourcesView<'a>>,

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use smallvec::SmallVec;
+
 use super::{existing, resolve::Resolved};
 use crate::{
     config::StatusKey,
@@ -19,7 +21,8 @@ use crate::{
 #[derive(Debug)]
 pub(super) struct Additions<T> {
     pub exists: bool,
-    pub items: Vec<T>,
+    /// Inline room for the two a Nextflow task's pod gets (volumes, mounts, variables).
+    pub items: SmallVec<[T; 2]>,
 }
 
 /// The two container lists of a pod spec.
@@ -73,9 +76,10 @@ pub(super) struct Annotation<'a> {
 pub(super) struct Plan<'a> {
     pub volumes: Additions<patch::Volume<'a>>,
     /// Containers first, then init containers, each in the pod's order.
-    pub containers: Vec<ContainerChanges<'a>>,
+    /// Inline room for one: a Nextflow task's pod has one container.
+    pub containers: SmallVec<[ContainerChanges<'a>; 1]>,
     pub metadata: Metadata,
-    pub annotations: Vec<Annotation<'a>>,
+    pub annotations: SmallVec<[Annotation<'a>; 1]>,
     /// The volumes added, with their kind.
     pub injected: Vec<(String, VolumeKind)>,
     pub warnings: Vec<String>,
@@ -87,15 +91,15 @@ impl<'a> Plan<'a> {
         Plan {
             volumes: Additions {
                 exists: pod.spec.as_ref().is_some_and(|s| s.volumes.is_some()),
-                items: Vec::new(),
+                items: SmallVec::new(),
             },
-            containers: Vec::new(),
+            containers: SmallVec::new(),
             metadata: match pod.metadata.as_ref().map(|m| m.annotations.is_some()) {
                 None => Metadata::Missing,
                 Some(false) => Metadata::NoAnnotations,
                 Some(true) => Metadata::Annotations,
             },
-            annotations: Vec::new(),
+            annotations: SmallVec::new(),
             injected: Vec::new(),
             warnings: Vec::new(),
         }
@@ -151,11 +155,11 @@ pub(super) fn plan<'a>(
                 index,
                 mounts: Additions {
                     exists: c.volume_mounts.is_some(),
-                    items: Vec::new(),
+                    items: SmallVec::new(),
                 },
                 env: Additions {
                     exists: c.env.is_some(),
-                    items: Vec::new(),
+                    items: SmallVec::new(),
                 },
             };
             for v in volumes.iter().filter(|v| targets(v)) {
@@ -169,8 +173,14 @@ pub(super) fn plan<'a>(
             }
         }
     }
-    let names: Vec<&str> = volumes.iter().map(|v| v.name).collect();
-    plan.annotate(pod, record, names.join(","));
+    let mut names = String::with_capacity(volumes.iter().map(|v| v.name.len() + 1).sum());
+    for (i, v) in volumes.iter().enumerate() {
+        if i > 0 {
+            names.push(',');
+        }
+        names.push_str(v.name);
+    }
+    plan.annotate(pod, record, names);
     plan
 }
 

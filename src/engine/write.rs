@@ -105,6 +105,7 @@ fn add<T: PatchValue + ?Sized>(patch: &mut Patch, path: &str, value: &T) -> Resu
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
+    use smallvec::smallvec;
 
     use super::*;
     use crate::{
@@ -116,17 +117,17 @@ mod tests {
     fn plan(exists: bool, metadata: Metadata, source: &crate::patch::Json) -> Plan<'_> {
         let additions = |items| Additions { exists, items };
         Plan {
-            volumes: additions(vec![Volume {
+            volumes: additions(smallvec![Volume {
                 name: "s",
                 kind: VolumeKind::EmptyDir,
                 source,
             }]),
-            containers: vec![ContainerChanges {
+            containers: smallvec![ContainerChanges {
                 list: ContainerList::InitContainers,
                 index: 1,
                 mounts: Additions {
                     exists,
-                    items: vec![VolumeMount {
+                    items: smallvec![VolumeMount {
                         mount_path: "/s",
                         name: "s",
                         read_only: None,
@@ -135,7 +136,7 @@ mod tests {
                 },
                 env: Additions {
                     exists,
-                    items: vec![EnvVar {
+                    items: smallvec![EnvVar {
                         name: "TMPDIR",
                         value: "/s",
                     }],
@@ -148,7 +149,8 @@ mod tests {
                     token,
                     value: "v".into(),
                 })
-                .into(),
+                .into_iter()
+                .collect(),
             injected: Vec::new(),
             warnings: Vec::new(),
         }
