@@ -163,9 +163,6 @@ pub(super) fn collect<'a>(
             }
         }
     }
-    // Annotations come in key order, so a pod's own requests usually are already in name order.
-    if !requests.is_sorted_by(|a, b| a.name <= b.name) {
-        requests.sort_by(|a, b| a.name.cmp(b.name));
-    }
+    requests.sort_by(|a, b| a.name.cmp(b.name));
     Ok((requests, errors))
 }
