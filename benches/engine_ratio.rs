@@ -48,11 +48,31 @@ fn main() {
     };
     let cfg = common::test_config();
     println!("review | scan (median) | engine (median) | paired ratio: median [p25, p75]");
-    for (mode, input) in [
-        ("job mode", "nextflow-job-mode"),
-        ("pod mode", "nextflow-pod-mode"),
+    // The third row is the floor every review pays: Pod mode's pod without its two volume
+    // annotations (asking for nothing, as most of a cluster's pods), so the review is decoded
+    // and answered but nothing is decided; what Pod mode costs above it is the decision.
+    let mut asks_nothing = common::read_input("nextflow-pod-mode");
+    asks_nothing["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations")
+        .unwrap();
+    let asks_nothing = serde_json::to_vec(&common::review_for(
+        &asks_nothing,
+        "nf",
+        "705ab4f5-6393-11e8-b7cc-42010a800002",
+    ))
+    .unwrap();
+    for (mode, body) in [
+        ("job mode", common::pod_review_bytes("nextflow-job-mode")),
+        ("pod mode", common::pod_review_bytes("nextflow-pod-mode")),
+        ("pod mode, nothing asked", asks_nothing),
     ] {
-        let body = common::pod_review_bytes(input);
+        // What was decided, printed with the row (mutated, or unchanged for the floor).
+        let decided = review::handle(&cfg, None, review::Endpoint::Mutate, &body)
+            .unwrap()
+            .decision
+            .label();
         let mut scan = || {
             serde_json::from_slice::<IgnoredAny>(black_box(&body)).unwrap();
         };
@@ -89,7 +109,7 @@ fn main() {
             v.sort_by(f64::total_cmp);
         }
         println!(
-            "{mode}, {} B | {:.2} µs | {:.2} µs | {:.3}× [{:.3}, {:.3}]",
+            "{mode} ({decided}), {} B | {:.2} µs | {:.2} µs | {:.3}× [{:.3}, {:.3}]",
             body.len(),
             quantile(&scans, 0.5),
             quantile(&engines, 0.5),
