@@ -65,7 +65,10 @@ struct RequestIn<'a, O> {
     sub_resource: Option<&'a str>,
     #[serde(borrow)]
     namespace: Option<Str<'a>>,
-    object: Option<O>,
+    /// Boxed: the pod view (272 bytes) would otherwise be copied again at each layer the
+    /// review is decoded and returned through — `memmove` was ~8 % of a Pod-mode review on an
+    /// AMD EPYC, most of it moves of 256–512 bytes; boxed, the request is 104 bytes.
+    object: Option<Box<O>>,
     dry_run: Option<bool>,
 }
 
