@@ -345,18 +345,22 @@ impl<'de, T: FillIn<'de>> de::Visitor<'de> for FillList<'_, T> {
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let list = self.0.insert(Vec::new());
-        loop {
-            // A slot for the next element, given back (dropped where it is, not moved out)
-            // when the list ends.
-            list.push(T::default());
-            let filled = match list.last_mut() {
-                Some(slot) => seq.next_element_seed(Fill(slot))?,
-                None => None,
-            };
-            if filled.is_none() {
-                list.truncate(list.len().saturating_sub(1));
-                return Ok(());
-            }
+        while seq.next_element_seed(Push(list))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// Fills the next element of a list in a slot added for it (only once the list has one).
+struct Push<'p, T>(&'p mut Vec<T>);
+
+impl<'de, T: FillIn<'de>> de::DeserializeSeed<'de> for Push<'_, T> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.0.push(T::default());
+        match self.0.last_mut() {
+            Some(slot) => de::DeserializeSeed::deserialize(Fill(slot), d),
+            None => Ok(()),
         }
     }
 }
