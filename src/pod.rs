@@ -607,8 +607,8 @@ mod tests {
             #[serde(borrow)]
             resources: Option<ResourcesView<'a>>,
         }
-        fn filled(json: &str) -> Result<String, String> {
-            let pod: PodView<'_> = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        /// The view as text, whichever code decoded it.
+        fn shown(pod: &PodView<'_>) -> String {
             let spec = pod.spec.as_ref().map(|s| {
                 let list = |l: &Option<Vec<ContainerView<'_>>>| {
                     l.as_ref().map(|l| {
@@ -619,17 +619,14 @@ mod tests {
                             .collect::<Vec<_>>()
                     })
                 };
-                format!(
-                    "{:?}",
-                    (
-                        list(&s.containers),
-                        list(&s.init_containers),
-                        &s.volumes,
-                        &s.os
-                    )
-                )
+                let (containers, init) = (list(&s.containers), list(&s.init_containers));
+                format!("{:?}", (containers, init, &s.volumes, &s.os))
             });
-            Ok(format!("{:?} {spec:?}", pod.metadata))
+            format!("{:?} {spec:?}", pod.metadata)
+        }
+        fn filled(json: &str) -> Result<String, String> {
+            let pod: PodView<'_> = serde_json::from_str(json).map_err(|e| e.to_string())?;
+            Ok(shown(&pod))
         }
         fn derived(json: &str) -> Result<String, String> {
             // The reference structs' names, as the views' in serde's messages.
@@ -640,27 +637,27 @@ mod tests {
                     .replace("RefContainer", "ContainerView")
             };
             let pod: RefPod<'_> = serde_json::from_str(json).map_err(named)?;
-            let spec = pod.spec.as_ref().map(|s| {
-                let list = |l: &Option<Vec<RefContainer<'_>>>| {
-                    l.as_ref().map(|l| {
-                        l.iter()
-                            .map(|c| {
-                                format!("{:?}", (&c.name, &c.volume_mounts, &c.env, &c.resources))
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                };
-                format!(
-                    "{:?}",
-                    (
-                        list(&s.containers),
-                        list(&s.init_containers),
-                        &s.volumes,
-                        &s.os
-                    )
-                )
-            });
-            Ok(format!("{:?} {spec:?}", pod.metadata))
+            fn list<'a>(l: Option<Vec<RefContainer<'a>>>) -> Option<Vec<ContainerView<'a>>> {
+                l.map(|l| {
+                    l.into_iter()
+                        .map(|c| ContainerView {
+                            name: c.name,
+                            volume_mounts: c.volume_mounts,
+                            env: c.env,
+                            resources: c.resources,
+                        })
+                        .collect()
+                })
+            }
+            Ok(shown(&PodView {
+                metadata: pod.metadata,
+                spec: pod.spec.map(|s| SpecView {
+                    containers: list(s.containers),
+                    init_containers: list(s.init_containers),
+                    volumes: s.volumes,
+                    os: s.os,
+                }),
+            }))
         }
         let cases = [
             r#"{"metadata":{"name":"p","annotations":{"a":"1"}},"spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"i","args":["a",{"x":[1]}],"volumeMounts":[{"name":"v","mountPath":"/v","readOnly":true}],"env":[{"name":"E","value":"1"},{"name":"F","valueFrom":{}}],"resources":{"requests":{"memory":"1Gi","cpu":"1"},"limits":{"ephemeral-storage":2}}},{"name":"d"}],"initContainers":[{"name":"i"}],"volumes":[{"name":"v","emptyDir":{}}],"os":{"name":"linux"}},"status":{}}"#,
@@ -668,7 +665,7 @@ mod tests {
             r#"{"metadata":null,"spec":null}"#,
             r#"{"spec":{}}"#,
             r#"{"spec":{"containers":null,"initContainers":[]}}"#,
-            r#"{"spec":{"containers":[{"name":"ab"}]}}"#,
+            r#"{"sp\u0065c":{"containers":[{"n\u0061me":"a\u0062"}]}}"#,
             r#"{"spec":{},"spec":{}}"#,
             r#"{"spec":null,"spec":null}"#,
             r#"{"spec":{"containers":[],"containers":[]}}"#,
