@@ -579,6 +579,23 @@ async fn a_second_signal_exits_at_once() {
     }
 }
 
+/// Both signals at once (a user's Ctrl-C twice, or a TERM then a KILL-less INT): the second is
+/// not lost while the first is being handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_signals_at_once_exit_at_once() {
+    let server = Server::start(&["--drain-delay-seconds", "30"], None, dir());
+    let t = Instant::now();
+    while server.admin_get("/readyz").await.0 != StatusCode::OK {
+        assert!(t.elapsed() < Duration::from_secs(10), "never ready");
+    }
+    server.signal("TERM");
+    server.signal("INT");
+    assert_eq!(
+        server.exit_status(Duration::from_secs(10)).await.code(),
+        Some(1)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_error_warn_admits_unchanged_with_a_warning_and_the_status_annotation() {
     let config = data("config-warn.yaml");

@@ -17,34 +17,70 @@ use super::{
 
 /// Resolves at the first SIGTERM or SIGINT; a second one exits the process at once.
 pub(super) async fn shutdown_signal() {
-    wait_signal().await;
-    tokio::spawn(async {
-        wait_signal().await;
+    // One set of listeners for both signals: a listener made only after the first signal
+    // would miss a second one sent before it was first polled (tokio delivers to a listener
+    // only what arrives once it exists, and its handler keeps the default action away).
+    let mut signals = Signals::new();
+    signals.recv().await;
+    tokio::spawn(async move {
+        signals.recv().await;
         tracing::warn!("second signal: exiting now");
         flush_log();
         std::process::exit(1);
     });
 }
 
-async fn wait_signal() {
+/// SIGTERM and SIGINT, each a listener that keeps a signal sent while nobody waits for it.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind, name: &str| {
+                signal(kind)
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, signal = name, "cannot listen for the signal");
+                    })
+                    .ok()
+            };
+            Signals {
+                term: listen(SignalKind::terminate(), "SIGTERM"),
+                int: listen(SignalKind::interrupt(), "SIGINT"),
             }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// The next SIGTERM or SIGINT (Ctrl-C elsewhere); never, for a signal that could not be
+    /// listened to.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = next(&mut self.term) => {}
+                () = next(&mut self.int) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
