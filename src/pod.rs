@@ -101,6 +101,44 @@ impl<'de: 'a, 'a> Deserialize<'de> for QuantityText<'a> {
     }
 }
 
+/// An object's name as the decision log writes it: its `name`, or, for an object the API
+/// server has yet to name (a Job's pods), its `generateName` followed by `*`. The `*` is added
+/// when it is displayed: no string is built for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectName<'a> {
+    /// `name`, or `generateName` when `generated`.
+    pub name: Cow<'a, str>,
+    /// Only a `generateName` is known.
+    pub generated: bool,
+}
+
+impl<'a> ObjectName<'a> {
+    /// From an object's `name` and `generateName` (a `name` that is empty counts as none).
+    pub fn of(name: Option<&Str<'a>>, generate_name: Option<&Str<'a>>) -> ObjectName<'a> {
+        match (name, generate_name) {
+            (Some(n), _) if !n.is_empty() => ObjectName {
+                name: n.0.clone(),
+                generated: false,
+            },
+            (_, Some(g)) => ObjectName {
+                name: g.0.clone(),
+                generated: true,
+            },
+            _ => ObjectName::default(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)?;
+        if self.generated {
+            f.write_str("*")?;
+        }
+        Ok(())
+    }
+}
+
 /// Labels or annotations.
 pub type StrMap<'a> = BTreeMap<Str<'a>, Str<'a>>;
 
@@ -459,14 +497,10 @@ impl<'a> PodView<'a> {
     }
 
     /// `name`, or `generateName` followed by `*` for pods the API server has yet to name.
-    pub fn display_name(&self) -> Cow<'a, str> {
-        let Some(m) = &self.metadata else {
-            return Cow::Borrowed("");
-        };
-        match (&m.name, &m.generate_name) {
-            (Some(n), _) if !n.is_empty() => n.0.clone(),
-            (_, Some(g)) => Cow::Owned(format!("{g}*")),
-            _ => Cow::Borrowed(""),
+    pub fn display_name(&self) -> ObjectName<'a> {
+        match &self.metadata {
+            Some(m) => ObjectName::of(m.name.as_ref(), m.generate_name.as_ref()),
+            None => ObjectName::default(),
         }
     }
 
@@ -548,6 +582,24 @@ fn name_first(raw: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_pod_is_named_by_its_name_else_its_generate_name_and_a_star() {
+        let named = |metadata: &str| {
+            let pod: PodView<'_> = serde_json::from_str(metadata).unwrap();
+            pod.display_name().to_string()
+        };
+        assert_eq!(
+            named(r#"{"metadata":{"name":"a","generateName":"a-"}}"#),
+            "a"
+        );
+        assert_eq!(
+            named(r#"{"metadata":{"name":"","generateName":"nf-1-"}}"#),
+            "nf-1-*"
+        );
+        assert_eq!(named(r#"{"metadata":{"generateName":"nf-1-"}}"#), "nf-1-*");
+        assert_eq!(named(r#"{"metadata":{}}"#), "");
+        assert_eq!(named("{}"), "");
+    }
     #[test]
     fn volume_names_are_read_fast_or_parsed() {
         let body = r#"{"spec":{"volumes":[

@@ -20,7 +20,7 @@ use crate::{
     config::Config,
     decision::Decision,
     engine::{self, PodLocation},
-    pod::{PodView, Str},
+    pod::{ObjectName, PodView, Str},
     workload::{self, TemplateAt},
 };
 
@@ -122,14 +122,10 @@ struct JobTemplateSpec<'a> {
 }
 
 impl<'a> WorkloadIn<'a> {
-    fn name(&self) -> Cow<'a, str> {
+    fn name(&self) -> ObjectName<'a> {
         match &self.metadata {
-            Some(NameView { name: Some(n), .. }) if !n.is_empty() => n.0.clone(),
-            Some(NameView {
-                generate_name: Some(g),
-                ..
-            }) => Cow::Owned(format!("{g}*")),
-            _ => Cow::Borrowed(""),
+            Some(m) => ObjectName::of(m.name.as_ref(), m.generate_name.as_ref()),
+            None => ObjectName::default(),
         }
     }
 
@@ -184,7 +180,7 @@ pub struct Subject<'a> {
     /// Its kind (`Pod`, `Job`, …); empty when nothing was decided.
     pub kind: &'a str,
     /// Its name, or its `generateName` with a `*`.
-    pub name: Cow<'a, str>,
+    pub name: ObjectName<'a>,
     /// For a pod, its controller (`ownerReferences` with `controller: true`): kind and name.
     pub owner: Option<(Cow<'a, str>, Cow<'a, str>)>,
 }

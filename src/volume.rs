@@ -635,22 +635,6 @@ pub struct Mount {
     pub env: Option<Vec<String>>,
 }
 
-impl Mount {
-    /// These fields, each falling back to the profile's when not given here.
-    pub fn or(self, defaults: &Mount) -> Mount {
-        Mount {
-            mount_path: self.mount_path.or_else(|| defaults.mount_path.clone()),
-            read_only: self.read_only.or(defaults.read_only),
-            sub_path: self.sub_path.or_else(|| defaults.sub_path.clone()),
-            containers: self.containers.or_else(|| defaults.containers.clone()),
-            init_containers: self
-                .init_containers
-                .or_else(|| defaults.init_containers.clone()),
-            env: self.env.or_else(|| defaults.env.clone()),
-        }
-    }
-}
-
 /// Where a requested volume comes from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Requested {

@@ -282,9 +282,9 @@ fn set_env<'a>(
     c: &ContainerView,
     v: &'a Resolved<'_>,
 ) {
-    for var in &v.env {
+    for var in v.env.iter() {
         match c.env.iter().flatten().find(|e| *e.name == **var) {
-            Some(e) if e.value.as_deref() == Some(v.mount_path.as_str()) => {}
+            Some(e) if e.value.as_deref() == Some(&*v.mount_path) => {}
             Some(_) => warnings.push(format!(
                 "volume {}: container {} already sets {var}; left alone",
                 v.name, c.name

@@ -2,6 +2,8 @@
 //! size (given, taken from the pod, or the policy's default), the policy limits, the containers
 //! it goes to, and what the cluster checks say of it.
 
+use std::borrow::Cow;
+
 use crate::patch::Json;
 
 use super::{
@@ -15,7 +17,7 @@ use crate::{
     decision::Denial,
     pod::PodView,
     quantity::Quantity,
-    volume::{Medium, Profile, Requested, Source, VolumeKind, VolumeRequest},
+    volume::{Medium, Mount, Profile, Requested, Source, VolumeKind, VolumeRequest},
 };
 
 /// A volume to add to the pod, with everything the plan needs.
@@ -27,10 +29,11 @@ pub(super) struct Resolved<'a> {
     pub source: Json,
     pub size: Option<Quantity>,
     pub medium: Medium,
-    pub mount_path: String,
+    /// The mount's fields: the request's own, or its profile's (borrowed).
+    pub mount_path: Cow<'a, str>,
     pub read_only: Option<bool>,
-    pub sub_path: Option<String>,
-    pub env: Vec<String>,
+    pub sub_path: Option<Cow<'a, str>>,
+    pub env: Cow<'a, [String]>,
     pub containers: Targets,
     pub init_containers: Targets,
     /// What the cluster checks found, if anything.
@@ -39,7 +42,7 @@ pub(super) struct Resolved<'a> {
 
 /// Every request resolved, and every error beside (the count held to `maxVolumesPerPod`).
 pub(super) fn all<'a>(
-    cfg: &Config,
+    cfg: &'a Config,
     policy: &Policy,
     cluster: Option<&ClusterState>,
     pod: &PodView,
@@ -64,7 +67,7 @@ pub(super) fn all<'a>(
 // into the call.
 #[inline(always)]
 fn resolve<'a>(
-    cfg: &Config,
+    cfg: &'a Config,
     policy: &Policy,
     cluster: Option<&ClusterState>,
     pod: &PodView,
@@ -86,20 +89,42 @@ fn resolve<'a>(
     } = request;
 
     let base = base(cfg, policy, source, checked).map_err(here)?;
-    let mount = match &base {
-        Base::Profile(_, p) => mount.or(&p.mount),
-        Base::Inline(_) => mount,
+    // Each mount field the request leaves out is the profile's, borrowed (not cloned: a
+    // profile's mount path was two allocations of every Job-mode review).
+    let defaults = match &base {
+        Base::Profile(_, p) => Some(&p.mount),
+        Base::Inline(_) => None,
     };
-    let Some(mount_path) = mount.mount_path else {
+    let or = |own: Option<String>, default: fn(&'a Mount) -> Option<&'a String>| {
+        own.map(Cow::Owned).or_else(|| {
+            defaults
+                .and_then(default)
+                .map(|s| Cow::Borrowed(s.as_str()))
+        })
+    };
+    let Some(mount_path) = or(mount.mount_path, |d| d.mount_path.as_ref()) else {
         return Err(here(Denial::invalid(match &base {
             Base::Profile(p, _) => format!("mountPath is required: profile {p:?} does not set one"),
             Base::Inline(_) => "mountPath is required".into(),
         })));
     };
+    let sub_path = or(mount.sub_path, |d| d.sub_path.as_ref());
+    let read_only = mount.read_only.or(defaults.and_then(|d| d.read_only));
+    let env: Cow<'a, [String]> = match (mount.env, defaults.and_then(|d| d.env.as_deref())) {
+        (Some(own), _) => Cow::Owned(own),
+        (None, Some(default)) => Cow::Borrowed(default),
+        (None, None) => Cow::Borrowed(&[]),
+    };
     let (containers, init_containers) = targets::find(
         pod,
-        mount.containers.as_deref(),
-        mount.init_containers.as_ref(),
+        mount
+            .containers
+            .as_deref()
+            .or_else(|| defaults.and_then(|d| d.containers.as_deref())),
+        mount
+            .init_containers
+            .as_ref()
+            .or_else(|| defaults.and_then(|d| d.init_containers.as_ref())),
     )
     .map_err(here)?;
 
@@ -136,9 +161,9 @@ fn resolve<'a>(
         size: built.size,
         medium: built.medium,
         mount_path,
-        read_only: mount.read_only,
-        sub_path: mount.sub_path,
-        env: mount.env.unwrap_or_default(),
+        read_only,
+        sub_path,
+        env,
         containers,
         init_containers,
         cluster: built.finding,
