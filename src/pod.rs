@@ -415,8 +415,15 @@ impl<'de, T: FillIn<'de>> de::DeserializeSeed<'de> for FillList<'_, T> {
 impl<'de: 'a, 'a> Deserialize<'de> for PodView<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let mut pod = PodView::default();
-        de::DeserializeSeed::deserialize(Fill(&mut pod), d)?;
+        pod.fill(d)?;
         Ok(pod)
+    }
+}
+
+impl<'a> PodView<'a> {
+    /// Decodes a pod into this (empty) view where it is, e.g. in its box.
+    pub fn fill<'de: 'a, D: Deserializer<'de>>(&mut self, d: D) -> Result<(), D::Error> {
+        de::DeserializeSeed::deserialize(Fill(self), d)
     }
 }
 
