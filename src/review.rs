@@ -101,9 +101,7 @@ impl<'de: 'a, 'a> DecodeBoxed<'de> for &'a RawValue {
 }
 
 /// `object`: `null` or absent is none.
-fn boxed<'de, D: Deserializer<'de>, O: DecodeBoxed<'de>>(
-    d: D,
-) -> Result<Option<Box<O>>, D::Error> {
+fn boxed<'de, D: Deserializer<'de>, O: DecodeBoxed<'de>>(d: D) -> Result<Option<Box<O>>, D::Error> {
     struct V<O>(std::marker::PhantomData<O>);
     impl<'de, O: DecodeBoxed<'de>> serde::de::Visitor<'de> for V<O> {
         type Value = Option<Box<O>>;
