@@ -607,6 +607,7 @@ mod tests {
         assert_eq!(named(r#"{"metadata":{}}"#), "");
         assert_eq!(named("{}"), "");
     }
+
     #[test]
     fn volume_names_are_read_fast_or_parsed() {
         let body = r#"{"spec":{"volumes":[

@@ -596,6 +596,30 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_pod_create_without_an_object_is_admitted_unchanged_and_a_bad_one_refused() {
+        let cfg = Config::default();
+        let mut absent: Value =
+            serde_json::from_slice(&body("Pod", "CREATE", json!(null))).unwrap();
+        absent["request"].as_object_mut().unwrap().remove("object");
+        for request in [
+            body("Pod", "CREATE", json!(null)),
+            serde_json::to_vec(&absent).unwrap(),
+        ] {
+            let h = handle(&cfg, None, Endpoint::Mutate, &request).unwrap();
+            assert!(matches!(h.decision, Decision::Unchanged { .. }));
+            assert_eq!(h.subject, Subject::default());
+        }
+        for object in [json!("a pod"), json!([]), json!(1)] {
+            let request = body("Pod", "CREATE", object);
+            let err = handle(&cfg, None, Endpoint::Mutate, &request);
+            assert!(
+                matches!(&err, Err(ReviewError::Malformed(e)) if e.to_string().contains("PodView")),
+                "{err:?}"
+            );
+        }
+    }
+
     fn workload(kind: &str, op: &str, annotation: &str, old: Option<&str>) -> Vec<u8> {
         let group = match kind {
             "Job" | "CronJob" => "batch",
