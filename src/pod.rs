@@ -422,7 +422,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for PodView<'a> {
 
 impl<'a> PodView<'a> {
     /// Decodes a pod into this (empty) view where it is, e.g. in its box.
-    pub fn fill<'de: 'a, D: Deserializer<'de>>(&mut self, d: D) -> Result<(), D::Error> {
+    pub(crate) fn fill<'de: 'a, D: Deserializer<'de>>(&mut self, d: D) -> Result<(), D::Error> {
         de::DeserializeSeed::deserialize(Fill(self), d)
     }
 }
