@@ -23,6 +23,18 @@ impl FromStr for VolumeRequest {
 
     /// Parses an annotation value in any of the three forms; every problem at once.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let mut request = VolumeRequest::placeholder();
+        request.read(value)?;
+        Ok(request)
+    }
+}
+
+impl VolumeRequest {
+    /// Parses an annotation value (as [`FromStr`]) into this request, where it lives: a pod's
+    /// requests are parsed straight into their list (returned, a ~260-byte request was copied
+    /// at each of three layers, twice a Pod-mode review). On an error the request is left in
+    /// an unspecified state, to be dropped.
+    pub fn read(&mut self, value: &str) -> Result<(), Invalid> {
         let trimmed = trim(value);
         if trimmed.is_empty() {
             return bad(
@@ -30,7 +42,8 @@ impl FromStr for VolumeRequest {
             );
         }
         if trimmed.starts_with('{') {
-            return VolumeRequest::from_json(&parse_json_strict(trimmed)?);
+            *self = VolumeRequest::from_json(&parse_json_strict(trimmed)?)?;
+            return Ok(());
         }
         if !trimmed.bytes().any(|b| b == b'=') {
             if let Some(fixed) = colon_pairs(trimmed) {
@@ -42,7 +55,8 @@ impl FromStr for VolumeRequest {
                 ));
             }
             validate::profile_name(trimmed)?;
-            return Ok(VolumeRequest::profile(trimmed));
+            *self = VolumeRequest::profile(trimmed);
+            return Ok(());
         }
         let mut raw = Raw::default();
         let mut problems = Problems::default();
@@ -70,7 +84,7 @@ impl FromStr for VolumeRequest {
                 }),
             }
         }
-        raw.build(problems)
+        raw.build(problems, self)
     }
 }
 
@@ -127,7 +141,9 @@ impl VolumeRequest {
                 raw.failed.push(key);
             }
         }
-        raw.build(problems)
+        let mut request = VolumeRequest::placeholder();
+        raw.build(problems, &mut request)?;
+        Ok(request)
     }
 }
 
@@ -357,10 +373,11 @@ impl<'a> Raw<'a> {
         Ok(())
     }
 
-    /// The request, or every problem: those found while reading the fields, then the
-    /// source's, then the mount's. (By reference: the ~260-byte `Raw` is not copied into
-    /// the call, and its lists are taken out.)
-    fn build(&mut self, mut problems: Problems) -> Result<VolumeRequest, Invalid> {
+    /// The request, written into `out`, or every problem: those found while reading the
+    /// fields, then the source's, then the mount's. (By reference: the ~260-byte `Raw` is not
+    /// copied into the call, and its lists are taken out; the request's fields are written
+    /// where it lives.)
+    fn build(&mut self, mut problems: Problems, out: &mut VolumeRequest) -> Result<(), Invalid> {
         let source = match self.one_source() {
             Ok(true) => self.source(&mut problems),
             // The one source given was refused, and said so.
@@ -370,14 +387,14 @@ impl<'a> Raw<'a> {
                 None
             }
         };
-        let mount = self.mount(&mut problems);
+        self.mount(&mut problems, &mut out.mount);
         match source {
-            Some((source, size)) if problems.is_empty() => Ok(VolumeRequest {
-                source,
-                size,
-                size_from_request: self.size_request,
-                mount,
-            }),
+            Some((source, size)) if problems.is_empty() => {
+                out.source = source;
+                out.size = size;
+                out.size_from_request = self.size_request;
+                Ok(())
+            }
             _ => problems.finish(()).and_then(|()| bad("no volume source")),
         }
     }
@@ -447,8 +464,8 @@ impl<'a> Raw<'a> {
         Some((Requested::Inline(source), None))
     }
 
-    /// The mount fields, each checked; the mount path written in its one spelling.
-    fn mount(&mut self, problems: &mut Problems) -> Mount {
+    /// The mount fields, each checked, written into `out`; the mount path in its one spelling.
+    fn mount(&mut self, problems: &mut Problems, out: &mut Mount) {
         if let Some(p) = self.mount_path {
             problems.check(validate::mount_path(p));
         }
@@ -466,14 +483,12 @@ impl<'a> Raw<'a> {
         for e in self.env.iter().flatten() {
             problems.check(validate::env_name(e));
         }
-        Mount {
-            mount_path: self.mount_path.map(validate::normalize_path),
-            read_only: self.read_only,
-            sub_path: self.sub_path.map(str::to_owned),
-            containers: self.containers.take(),
-            init_containers: self.init_containers.take(),
-            env: self.env.take(),
-        }
+        out.mount_path = self.mount_path.map(validate::normalize_path);
+        out.read_only = self.read_only;
+        out.sub_path = self.sub_path.map(str::to_owned);
+        out.containers = self.containers.take();
+        out.init_containers = self.init_containers.take();
+        out.env = self.env.take();
     }
 
     /// The source a `type=` shorthand describes, from the shorthand fields given with it.

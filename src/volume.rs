@@ -659,6 +659,16 @@ pub struct VolumeRequest {
 }
 
 impl VolumeRequest {
+    /// A request to be read into ([`VolumeRequest::read`]); it allocates nothing.
+    pub(crate) fn placeholder() -> Self {
+        VolumeRequest {
+            source: Requested::Profile(String::new()),
+            size: None,
+            size_from_request: false,
+            mount: Mount::default(),
+        }
+    }
+
     /// A request for a profile by name, with nothing overridden.
     pub fn profile(name: &str) -> Self {
         VolumeRequest {

@@ -117,21 +117,33 @@ pub(super) fn collect<'a>(
         let Some(name) = volume_name(cfg, key) else {
             continue;
         };
-        let parsed =
-            validate::dns_label("volume name", name).and_then(|()| value.parse::<VolumeRequest>());
         let origin = Origin::Annotation(key);
+        // Parsed where it will live, the list's next slot (taken back unless it is kept):
+        // a request returned by value was copied at every layer it passed through.
+        let at = requests.len();
+        requests.resize_with(at + 1, || Request {
+            name,
+            origin,
+            request: VolumeRequest::placeholder(),
+        });
+        let Some(slot) = requests.last_mut() else {
+            continue; // never: the slot was just added
+        };
+        let parsed =
+            validate::dns_label("volume name", name).and_then(|()| slot.request.read(value));
         match parsed {
-            Ok(request) if scope == Scope::Enforced && audited(cfg, &origin, &request) => {
+            Ok(()) if scope == Scope::Enforced && audited(cfg, &origin, &slot.request) => {
+                requests.truncate(at);
                 refused.push(name);
             }
-            Ok(request) => requests.push(Request {
-                name,
-                origin,
-                request,
-            }),
+            Ok(()) => {}
             // Under the default `mode: audit` an unreadable annotation is audited too.
-            Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => refused.push(name),
+            Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => {
+                requests.truncate(at);
+                refused.push(name);
+            }
             Err(e) => {
+                requests.truncate(at);
                 errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
                 refused.push(name);
             }
