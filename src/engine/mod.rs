@@ -182,7 +182,8 @@ fn decide_or_refuse(
         .map_err(|m| Denial::new(DenyReason::Cluster, m))?;
     let volumes = resolve::all(cfg, policy, checks.map(|c| c.0), pod, requests, &mut errors);
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
-    let mut plan = plan::plan(pod, &volumes, &cfg.injected, &mut errors);
+    let mut plan = Plan::new(pod);
+    plan::plan(&mut plan, pod, &volumes, &cfg.injected, &mut errors);
     combine(errors)?;
     let unavailable = unavailable(mode, &volumes)?;
 

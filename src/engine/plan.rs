@@ -126,17 +126,19 @@ impl<'a> Plan<'a> {
 /// another volume is a conflict, a variable already set is left alone), the record annotation
 /// (every volume the webhook manages on this pod) and the warnings; every conflict into
 /// `errors`.
+/// Filled into `plan` (a new one, [`Plan::new`]) where the caller keeps it: returned, its ~470
+/// bytes were copied once more.
 pub(super) fn plan<'a>(
+    plan: &mut Plan<'a>,
     pod: &PodView,
     volumes: &'a [Resolved<'_>],
     record: &'a StatusKey,
     errors: &mut Vec<Denial>,
-) -> Plan<'a> {
-    let mut plan = Plan::new(pod);
+) {
     plan.volumes.items.reserve_exact(volumes.len());
     plan.injected.reserve_exact(volumes.len());
     for v in volumes {
-        if let Err(d) = add_volume(&mut plan, pod, v) {
+        if let Err(d) = add_volume(plan, pod, v) {
             errors.push(d);
         }
     }
@@ -181,7 +183,6 @@ pub(super) fn plan<'a>(
         names.push_str(v.name);
     }
     plan.annotate(pod, record, names);
-    plan
 }
 
 /// A new volume, or one the pod already has identically (nothing to add).
