@@ -126,6 +126,7 @@ impl<'a> Plan<'a> {
 /// another volume is a conflict, a variable already set is left alone), the record annotation
 /// (every volume the webhook manages on this pod) and the warnings; every conflict into
 /// `errors`.
+///
 /// Filled into `plan` (a new one, [`Plan::new`]) where the caller keeps it: returned, its ~470
 /// bytes were copied once more.
 pub(super) fn plan<'a>(
