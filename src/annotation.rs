@@ -42,8 +42,7 @@ impl VolumeRequest {
             );
         }
         if trimmed.starts_with('{') {
-            *self = VolumeRequest::from_json(&parse_json_strict(trimmed)?)?;
-            return Ok(());
+            return self.read_json(&parse_json_strict(trimmed)?);
         }
         if !trimmed.bytes().any(|b| b == b'=') {
             if let Some(fixed) = colon_pairs(trimmed) {
@@ -122,6 +121,13 @@ fn is_field(key: &str) -> bool {
 impl VolumeRequest {
     /// The JSON form (also used for profiles and rule entries in the configuration file).
     pub fn from_json(json: &Value) -> Result<Self, Invalid> {
+        let mut request = VolumeRequest::placeholder();
+        request.read_json(json)?;
+        Ok(request)
+    }
+
+    /// The JSON form read into this request, where it lives (as [`VolumeRequest::read`]).
+    fn read_json(&mut self, json: &Value) -> Result<(), Invalid> {
         let map = match json {
             Value::Object(map) => map,
             Value::Null => {
@@ -141,9 +147,7 @@ impl VolumeRequest {
                 raw.failed.push(key);
             }
         }
-        let mut request = VolumeRequest::placeholder();
-        raw.build(problems, &mut request)?;
-        Ok(request)
+        raw.build(problems, self)
     }
 }
 

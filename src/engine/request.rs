@@ -131,22 +131,18 @@ pub(super) fn collect<'a>(
         };
         let parsed =
             validate::dns_label("volume name", name).and_then(|()| slot.request.read(value));
-        match parsed {
-            Ok(()) if scope == Scope::Enforced && audited(cfg, &origin, &slot.request) => {
-                requests.truncate(at);
-                refused.push(name);
-            }
-            Ok(()) => {}
+        let kept = match parsed {
+            Ok(()) => !(scope == Scope::Enforced && audited(cfg, &origin, &slot.request)),
             // Under the default `mode: audit` an unreadable annotation is audited too.
-            Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => {
-                requests.truncate(at);
-                refused.push(name);
-            }
+            Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => false,
             Err(e) => {
-                requests.truncate(at);
                 errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
-                refused.push(name);
+                false
             }
+        };
+        if !kept {
+            requests.truncate(at);
+            refused.push(name);
         }
     }
     // Labels are decoded only once a rule's namespaces match.
