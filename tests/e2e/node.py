@@ -140,6 +140,7 @@ class Node:
             for image in (pause_image(self.dir, self.cp.bin), busybox_image(self.dir)):
                 self.import_image(image)
             self._route_kubernetes_service()
+            self._share_kubelet_root()
             self._start_csi_driver()
             self._start_kubelet()
             self._start_scheduler()
@@ -278,6 +279,19 @@ state = "{d / 'state'}"
 
         wait_for(f"the kubelet to register {CSI_DRIVER}", registered, timeout=max(0.0, deadline - time.monotonic()),
                  interval=0.3, procs=self.procs, log=lambda: self.log("csi-driver")[-2000:] + "\n" + self.log("kubelet"))
+
+    def _share_kubelet_root(self) -> None:
+        """The kubelet's root directory made a shared bind mount of itself before the kubelet
+        starts. The kubelet does this itself when it is not one yet (a bind mount, then
+        make-rshared) — but in a goroutine that races the podresources server, which creates
+        its socket under the same directory and renames it into place: a rename that straddles
+        the new mount fails with EXDEV ("invalid cross-device link") and the kubelet exits
+        (kubelet 1.37, CI of 2026-12-04). Already shared, the kubelet leaves it alone. The
+        mount is under the node's directory, so `_unmount` takes it away with the rest."""
+        root = self.kubelet_root
+        root.mkdir(parents=True, exist_ok=True)
+        run("mount", "--bind", str(root), str(root))
+        run("mount", "--make-rshared", str(root))
 
     def _start_kubelet(self) -> None:
         d = self.dir / "kubelet"
