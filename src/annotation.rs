@@ -33,8 +33,9 @@ impl VolumeRequest {
     /// Parses an annotation value (as [`FromStr`]) into this request, where it lives: a pod's
     /// requests are parsed straight into their list (returned, a ~260-byte request was copied
     /// at each of three layers, twice a Pod-mode review). On an error the request is left in
-    /// an unspecified state, to be dropped.
-    pub fn read(&mut self, value: &str) -> Result<(), Invalid> {
+    /// an unspecified state, to be dropped: so it is the crate's own, and everyone else parses
+    /// (`str::parse`, which drops it).
+    pub(crate) fn read(&mut self, value: &str) -> Result<(), Invalid> {
         let trimmed = trim(value);
         if trimmed.is_empty() {
             return bad(
