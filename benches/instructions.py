@@ -111,7 +111,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="criterion's --profile-time")
     ap.add_argument("--cache", action="store_true",
                     help="also simulate this machine's caches and branch predictor (valgrind's "
-                         "models, ~20x slower): L1i misses and mispredictions per call")
+                         "models: fewer calls in the same --seconds): L1i misses and "
+                         "mispredictions per call")
     args = ap.parse_args()
     binaries = [b.split("=", 1) if "=" in b else [b, b] for b in args.binaries] or [
         ["this tree", build()]]
