@@ -50,8 +50,8 @@ impl VolumeRequest {
                 return bad(format!(
                     "{} looks like key:value pairs (or a Groovy map written as a string); \
                      write key=value pairs separated by commas: did you mean {}?",
-                    quoted(trimmed),
-                    quoted(&fixed)
+                    quoted(&crate::echo::without_attributes(trimmed)),
+                    quoted(&crate::echo::without_attributes(&fixed))
                 ));
             }
             validate::profile_name(trimmed)?;
@@ -74,12 +74,13 @@ impl VolumeRequest {
                 }
                 None => problems.push(match colon_pairs(pair) {
                     Some(fixed) => format!(
-                        "{} is not a key=value pair: did you mean {fixed}?",
-                        quoted(pair)
+                        "{} is not a key=value pair: did you mean {}?",
+                        quoted(&crate::echo::without_attributes(pair)),
+                        crate::echo::without_attributes(&fixed)
                     ),
                     None => format!(
                         "{} is not a key=value pair (values cannot contain commas; use the JSON form)",
-                        quoted(pair)
+                        quoted(&crate::echo::without_attributes(pair))
                     ),
                 }),
             }

@@ -240,6 +240,14 @@ fn preview_all(
     inputs: &Inputs,
 ) -> Result<Option<(Vec<workload::Preview>, bool)>, String> {
     let many = inputs.objects.len() > 1;
+    if let Some(note) = inputs.cfg.needs_namespace_labels()
+        && inputs
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.namespaces.is_empty())
+    {
+        eprintln!("note: {note} (give the Namespace objects with --cluster)");
+    }
     let mut previews = Vec::with_capacity(inputs.objects.len());
     let mut denied = false;
     let mut warned = false;

@@ -789,6 +789,18 @@ impl Config {
             .any(|o| matches!(o.selects, Namespaces::Labelled(_)))
     }
 
+    /// What this configuration cannot decide without the namespaces' labels (`serve` without
+    /// API access, `mutate` without Namespace objects), said once at start; `None` when it
+    /// needs none.
+    pub fn needs_namespace_labels(&self) -> Option<&'static str> {
+        self.uses_namespace_labels().then_some(
+            "policyOverrides select namespaces by label, and the namespaces' labels are not known: \
+             a pod whose annotations ask for a volume in a namespace not listed by name is refused \
+             (\"try again in a moment\") until they are; rule volumes are decided under the \
+             top-level policy meanwhile",
+        )
+    }
+
     /// The policy in force in a namespace: the override that lists it by name; else, of the
     /// overrides whose `namespaceSelector` matches its labels, the one with the most
     /// requirements (the first in the file on a tie); else `policy`. `labels`: the namespace's

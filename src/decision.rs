@@ -1,7 +1,7 @@
 //! What the webhook decided for one pod: one of four outcomes, and why a pod is refused. The
 //! status code, the Kubernetes status reason and the metric label of each are defined here once.
 
-use crate::{patch::Patch, volume::VolumeKind};
+use crate::{echo, patch::Patch, volume::VolumeKind};
 
 /// Why a pod was refused (or, under `onError: warn`, admitted unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,6 +141,27 @@ impl Decision {
             | Decision::Mutated { warnings, .. }
             | Decision::AdmittedDespiteError { warnings, .. } => warnings.extend(more),
             Decision::Denied(_) => {}
+        }
+    }
+
+    /// At most `max` warnings, the last of them saying how many more there were, each cut to
+    /// [`echo::WARNING_LIMIT`] bytes (the API server shortens longer ones itself).
+    pub fn bound_warnings(&mut self, max: usize) {
+        let (Decision::Unchanged { warnings }
+        | Decision::Mutated { warnings, .. }
+        | Decision::AdmittedDespiteError { warnings, .. }) = self
+        else {
+            return;
+        };
+        if warnings.len() > max {
+            let more = warnings.len() - (max - 1);
+            warnings.truncate(max - 1);
+            warnings.push(format!("… and {more} more warnings"));
+        }
+        for w in warnings.iter_mut() {
+            if let std::borrow::Cow::Owned(cut) = echo::bounded(w, echo::WARNING_LIMIT) {
+                *w = cut;
+            }
         }
     }
 

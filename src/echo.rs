@@ -47,6 +47,56 @@ pub fn quoted(s: &str) -> String {
     }
 }
 
+/// The longest warning sent: the API server shortens longer ones, and keeps at most 4 KiB of
+/// them in all.
+pub const WARNING_LIMIT: usize = 512;
+
+/// The most names a message lists (the containers a pod has, the names it lists that are
+/// missing); the rest are counted.
+pub const LIST_LIMIT: usize = 20;
+
+/// `items` joined by `", "`, at most [`LIST_LIMIT`] of them, each cut to [`VALUE_LIMIT`] bytes,
+/// and how many more there were; `None` for none.
+pub fn list<S: AsRef<str>>(items: &[S]) -> Option<String> {
+    let (shown, rest) = items.split_at(items.len().min(LIST_LIMIT));
+    if shown.is_empty() {
+        return None;
+    }
+    let mut out = String::new();
+    for (i, item) in shown.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&bounded(item.as_ref(), VALUE_LIMIT));
+    }
+    if !rest.is_empty() {
+        out.push_str(&format!(" and {} more", rest.len()));
+    }
+    Some(out)
+}
+
+/// An annotation's text with the value of every `attr.<key>` pair (`=` or `:`) written as
+/// `…`: a CSI volume's attributes can carry credentials, which no message or log repeats.
+pub fn without_attributes(text: &str) -> Cow<'_, str> {
+    if !text.contains("attr.") {
+        return Cow::Borrowed(text);
+    }
+    let parts: Vec<String> = text
+        .split(',')
+        .map(|part| {
+            let start = part.len() - part.trim_start_matches([' ', '[', '{']).len();
+            let body = &part[start..];
+            match body.find(['=', ':']) {
+                Some(at) if body.trim_start_matches('"').starts_with("attr.") => {
+                    format!("{}{}…", &part[..start], &body[..=at])
+                }
+                _ => part.to_owned(),
+            }
+        })
+        .collect();
+    Cow::Owned(parts.join(","))
+}
+
 /// `s` cut to at most `limit` bytes (on a character boundary), ending in an ellipsis and the
 /// original length when it was cut.
 pub fn bounded(s: &str, limit: usize) -> Cow<'_, str> {
@@ -97,6 +147,31 @@ mod tests {
             )
         );
         assert_eq!(reasons("a; b", 40), "a; b");
+    }
+
+    #[test]
+    fn a_long_list_shows_its_first_names_and_counts_the_rest() {
+        assert_eq!(list::<&str>(&[]), None);
+        assert_eq!(list(&["a", "b"]).as_deref(), Some("a, b"));
+        let many: Vec<String> = (0..1000).map(|i| format!("c{i}")).collect();
+        let shown = list(&many).unwrap();
+        assert!(
+            shown.starts_with("c0, c1, ") && shown.ends_with("c19 and 980 more"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn attribute_values_are_never_repeated() {
+        assert_eq!(without_attributes("type=csi,driver=d"), "type=csi,driver=d");
+        assert_eq!(
+            without_attributes("[type:csi, attr.token:s3cr3t, mountPath:/m]"),
+            "[type:csi, attr.token:…, mountPath:/m]"
+        );
+        assert_eq!(
+            without_attributes("type=csi,attr.password=hunter2"),
+            "type=csi,attr.password=…"
+        );
     }
 
     #[test]

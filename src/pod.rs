@@ -213,9 +213,9 @@ pub struct ContainerView<'a> {
     /// `name`.
     pub name: Str<'a>,
     /// `volumeMounts`.
-    pub volume_mounts: Option<SmallVec<[MountView<'a>; 2]>>,
+    pub volume_mounts: Option<Vec<MountView<'a>>>,
     /// `env`.
-    pub env: Option<SmallVec<[EnvView<'a>; 2]>>,
+    pub env: Option<Vec<EnvView<'a>>>,
     /// `resources`.
     pub resources: Option<ResourcesView<'a>>,
 }
@@ -548,10 +548,15 @@ impl<'a> PodView<'a> {
             .unwrap_or_default()
     }
 
-    /// The existing volume of this name, if any, kept raw.
-    pub fn volume_named(&self, name: &str) -> Option<&'a RawValue> {
-        self.raw_volumes()
-            .find(|raw| volume_name(raw).is_some_and(|n| *n == *name))
+    /// The pod's volumes by name (the first of a name), read once for a decision.
+    pub fn volumes_by_name(&self) -> std::collections::HashMap<Cow<'a, str>, &'a RawValue> {
+        let mut by_name = std::collections::HashMap::new();
+        for raw in self.raw_volumes() {
+            if let Some(name) = volume_name(raw) {
+                by_name.entry(name.0).or_insert(raw);
+            }
+        }
+        by_name
     }
 
     fn raw_volumes(&self) -> impl Iterator<Item = &'a RawValue> + '_ {
@@ -620,13 +625,14 @@ mod tests {
             {"emptyDir":{}}
         ]}}"#;
         let pod: PodView<'_> = serde_json::from_str(body).unwrap();
+        let volumes = pod.volumes_by_name();
         for name in ["fast", "slow", "escaped", "then"] {
-            assert!(pod.volume_named(name).is_some(), "{name}");
+            assert!(volumes.contains_key(name), "{name}");
         }
-        assert!(pod.volume_named("slow").unwrap().get().contains("\"slow\""));
-        assert!(pod.volume_named("escaped").is_some());
-        assert!(pod.volume_named("missing").is_none());
-        assert!(PodView::default().volume_named("fast").is_none());
+        assert_eq!(volumes.len(), 4, "{volumes:?}");
+        assert!(volumes["slow"].get().contains("\"slow\""));
+        assert!(!volumes.contains_key("missing"));
+        assert!(PodView::default().volumes_by_name().is_empty());
         // The shortcut reads a plain name and leaves an escaped one to the parser.
         assert_eq!(name_first(r#"{"name":"ab","x":"\\"}"#), Some("ab"));
         assert_eq!(name_first(r#"{"name":"a\"b","x":1}"#), None);
@@ -664,9 +670,9 @@ mod tests {
             #[serde(borrow)]
             name: Str<'a>,
             #[serde(borrow)]
-            volume_mounts: Option<SmallVec<[MountView<'a>; 2]>>,
+            volume_mounts: Option<Vec<MountView<'a>>>,
             #[serde(borrow)]
-            env: Option<SmallVec<[EnvView<'a>; 2]>>,
+            env: Option<Vec<EnvView<'a>>>,
             #[serde(borrow)]
             resources: Option<ResourcesView<'a>>,
         }

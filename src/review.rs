@@ -418,15 +418,61 @@ fn workload_change<O>(req: &RequestIn<'_, O>) -> Option<TemplateAt> {
 /// Whether an UPDATE changes the pod template. One that does not (a label on the workload,
 /// a finalizer removed at deletion, a workload stored before the webhook was installed) is not
 /// decided on: refusing it would block the workload's owners for what its pods already get.
+///
+/// The two templates are found in the raw objects and compared as text, whitespace outside
+/// strings aside: the API server writes both with one deterministic encoder (struct fields in
+/// order, map keys sorted), so equal templates are equal text. Nothing is decoded into a tree:
+/// an UPDATE of the largest workload costs a few passes over its bytes and no copy of them.
 fn template_changed(text: &str, pointer: &str) -> Result<bool, ReviewError> {
     let update: UpdateIn<'_> = serde_json::from_str(text).map_err(ReviewError::Malformed)?;
-    let template = |raw: Option<&RawValue>| -> Result<Option<serde_json::Value>, ReviewError> {
-        let Some(raw) = raw else { return Ok(None) };
-        let mut value: serde_json::Value =
-            serde_json::from_str(raw.get()).map_err(ReviewError::Malformed)?;
-        Ok(value.pointer_mut(pointer).map(serde_json::Value::take))
-    };
-    Ok(template(update.request.object)? != template(update.request.old_object)?)
+    let new = template_at(update.request.object, pointer);
+    let old = template_at(update.request.old_object, pointer);
+    Ok(match (new, old) {
+        (Some(a), Some(b)) => !same_json_text(a, b),
+        (a, b) => a.is_some() != b.is_some(),
+    })
+}
+
+/// The raw value at `pointer` (`/spec/template`) in `raw`, found one object at a time.
+fn template_at<'a>(raw: Option<&'a RawValue>, pointer: &str) -> Option<&'a str> {
+    let mut at = raw?;
+    for token in pointer.split('/').skip(1) {
+        // Not an object here: no template at this place.
+        let fields: std::collections::HashMap<Cow<'a, str>, &'a RawValue> =
+            serde_json::from_str(at.get()).ok()?;
+        at = fields.get(token).copied()?;
+    }
+    Some(at.get())
+}
+
+/// Whether two JSON texts are the same but for whitespace outside strings.
+fn same_json_text(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    significant(a).eq(significant(b))
+}
+
+/// The bytes of a JSON text that carry meaning: whitespace outside strings left out.
+fn significant(text: &str) -> impl Iterator<Item = u8> + '_ {
+    let mut in_string = false;
+    let mut escaped = false;
+    text.bytes().filter(move |&b| {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            true
+        } else if b == b'"' {
+            in_string = true;
+            true
+        } else {
+            !b.is_ascii_whitespace()
+        }
+    })
 }
 
 /// Writes the response envelope by hand so the base64 patch goes straight into the output
@@ -710,6 +756,29 @@ mod tests {
         assert_eq!(out["response"]["allowed"], true);
         let (d, _) = validate(&workload("CronJob", "UPDATE", BAD, Some(BAD)));
         assert_eq!(d, unchanged());
+    }
+
+    #[test]
+    fn templates_are_compared_in_the_raw_text_whitespace_aside() {
+        let pointer = "/spec/template";
+        let review = |new: &str, old: &str| {
+            format!(r#"{{"request": {{"object": {new}, "oldObject": {old}}}}}"#)
+        };
+        let a = r#"{"metadata":{"labels":{"x":"1"}},"spec":{"template":{"spec":{"containers":[{"name":"c","image":"i"}]}}}}"#;
+        // Another label on the workload, the template pretty-printed: the same template.
+        let b = r#"{"metadata":{"labels":{"x":"2"}}, "spec": {"template": {"spec": {"containers": [ {"name": "c", "image": "i"} ] } } } }"#;
+        assert!(!template_changed(&review(a, b), pointer).unwrap());
+        // A space inside a string is a change.
+        let c = r#"{"spec":{"template":{"spec":{"containers":[{"name":"c","image":"i "}]}}}}"#;
+        assert!(template_changed(&review(a, c), pointer).unwrap());
+        // A template added or removed is a change; none on either side is not.
+        let none = r#"{"spec":{}}"#;
+        assert!(template_changed(&review(a, none), pointer).unwrap());
+        assert!(template_changed(&review(none, a), pointer).unwrap());
+        assert!(!template_changed(&review(none, "null"), pointer).unwrap());
+        // Escapes are read as text: an escaped quote does not end the string.
+        assert!(same_json_text(r#"{"a":"x\" y"}"#, r#"{ "a" : "x\" y" }"#));
+        assert!(!same_json_text(r#"{"a":"x\" y"}"#, r#"{"a":"x\"y"}"#));
     }
 
     #[test]

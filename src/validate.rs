@@ -94,28 +94,53 @@ pub fn parse_json_strict(text: &str) -> Result<Value, Invalid> {
 }
 
 /// Walks a JSON document and fails on the first object with a repeated key, naming its path.
+/// The path is one stack of steps shared by the whole walk and written out only for the
+/// error: the walk's work and memory are linear in the document, whatever its depth or the
+/// length of its keys (a copy of the path per key or element was quadratic).
 pub struct NoDuplicates;
 
 impl<'de> serde::Deserialize<'de> for NoDuplicates {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(DupVisitor {
-            path: String::new(),
-        })
+        let mut path = Vec::new();
+        d.deserialize_any(DupVisitor { path: &mut path })
     }
 }
 
-struct DupVisitor {
-    path: String,
+/// One step of the path to a value: a key of an object, or a position in an array.
+enum Step {
+    Key(String),
+    Index(usize),
 }
 
-impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor {
+/// The path of `steps` as the error names it (`a.b[2].c`).
+fn path_text(steps: &[Step]) -> String {
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            Step::Key(k) if out.is_empty() => out.push_str(k),
+            Step::Key(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+struct DupVisitor<'p> {
+    /// The steps to the value being read.
+    path: &'p mut Vec<Step>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor<'_> {
     type Value = NoDuplicates;
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for DupVisitor {
+impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
     type Value = NoDuplicates;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -123,34 +148,40 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = std::collections::HashSet::new();
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            let path = if self.path.is_empty() {
-                key.to_string()
-            } else {
-                format!("{}.{key}", self.path)
-            };
-            if !seen.insert(key.into_owned()) {
+            let key = key.into_owned();
+            let repeated = !seen.insert(key.clone());
+            self.path.push(Step::Key(key));
+            if repeated {
                 return Err(serde::de::Error::custom(format!(
-                    "field {path} is given twice"
+                    "field {} is given twice",
+                    path_text(self.path)
                 )));
             }
-            map.next_value_seed(DupVisitor { path })?;
+            map.next_value_seed(DupVisitor {
+                path: &mut *self.path,
+            })?;
+            self.path.pop();
         }
         Ok(NoDuplicates)
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut i = 0;
-        while seq
-            .next_element_seed(DupVisitor {
-                path: format!("{}[{i}]", self.path),
-            })?
-            .is_some()
-        {
+        loop {
+            self.path.push(Step::Index(i));
+            let more = seq
+                .next_element_seed(DupVisitor {
+                    path: &mut *self.path,
+                })?
+                .is_some();
+            self.path.pop();
+            if !more {
+                return Ok(NoDuplicates);
+            }
             i += 1;
         }
-        Ok(NoDuplicates)
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {

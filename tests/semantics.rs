@@ -588,7 +588,22 @@ policy:
 
 #[test]
 fn a_huge_annotation_value_comes_back_cut_with_its_length() {
-    let value = format!("type=emptyDir,mountPath=/s,{}=1", "k".repeat(1 << 20));
+    // Past the bound on one value: refused before it is read, saying so.
+    let huge = format!("type=emptyDir,mountPath=/s,{}=1", "k".repeat(1 << 20));
+    let d = decide(
+        &Config::default(),
+        &pod(json!({"ephemeral-volumes.io/s": huge})),
+    );
+    assert_eq!(d.code, Some(400));
+    assert_eq!(
+        d.message,
+        format!(
+            "annotation ephemeral-volumes.io/s: the value is {} bytes, more than the 16384 a volume annotation may have",
+            (1 << 20) + 29
+        )
+    );
+    // Within it, a long unknown key is quoted cut.
+    let value = format!("type=emptyDir,mountPath=/s,{}=1", "k".repeat(15_000));
     let d = decide(
         &Config::default(),
         &pod(json!({"ephemeral-volumes.io/s": value})),
@@ -1028,4 +1043,203 @@ fn a_mode_is_enforce_or_audit() {
          rules[0]: unknown variant `dry`, expected `enforce` or `audit`\n\
          profiles.p.mode: unknown variant `off`, expected `enforce` or `audit`"
     );
+}
+
+// === Bounds: each checked before the work it caps; a pod that asks for nothing is never held to them ===
+
+/// `count` volume annotations asking for a scratch directory each.
+fn volume_annotations(count: usize) -> Value {
+    Value::Object(
+        (0..count)
+            .map(|i| {
+                (
+                    format!("ephemeral-volumes.io/v{i}"),
+                    json!(format!("type=emptyDir,size=1Gi,mountPath=/v{i}")),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn more_volume_annotations_than_the_built_in_bound_are_refused_before_any_is_read() {
+    let cfg = Config::default();
+    let at_the_bound = decide(&cfg, &pod(volume_annotations(64)));
+    assert_eq!(at_the_bound.verdict, "mutated", "{}", at_the_bound.message);
+    let mut past = volume_annotations(65);
+    // An unreadable one among them is not read: the count alone refuses.
+    past["ephemeral-volumes.io/v3"] = json!("type=nope");
+    let d = decide(&cfg, &pod(past));
+    assert_eq!(d.code, Some(403));
+    assert_eq!(
+        d.message,
+        "65 annotations ephemeral-volumes.io/*: a pod may ask for at most 64 volumes"
+    );
+}
+
+#[test]
+fn max_volumes_per_pod_refuses_before_anything_is_resolved() {
+    // Two requests, one naming a profile that does not exist: over the limit, the pod hears
+    // of the limit (and of annotations it could not read), not of the profile.
+    let cfg = cfg("policy: {maxVolumesPerPod: 1}");
+    let d = decide(
+        &cfg,
+        &pod(json!({"ephemeral-volumes.io/a": "no-such-profile",
+                    "ephemeral-volumes.io/b": "type=emptyDir,size=1Gi,mountPath=/b",
+                    "ephemeral-volumes.io/c": "type=nope"})),
+    );
+    assert_eq!(d.code, Some(400), "{}", d.message);
+    assert!(
+        d.message
+            .contains("2 volumes requested, policy.maxVolumesPerPod allows 1"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("annotation ephemeral-volumes.io/c"),
+        "{}",
+        d.message
+    );
+    assert!(!d.message.contains("no-such-profile"), "{}", d.message);
+}
+
+#[test]
+fn a_patch_the_api_server_would_refuse_is_refused_first_naming_the_bound() {
+    let containers: Vec<Value> = (0..5001)
+        .map(|i| json!({"name": format!("c{i}"), "image": "busybox"}))
+        .collect();
+    let mut many = pod(json!({"ephemeral-volumes.io/s": "type=emptyDir,size=1Gi,mountPath=/s"}));
+    many["spec"]["containers"] = Value::Array(containers.clone());
+    many["spec"]["volumes"] = json!([]);
+    let d = decide(&Config::default(), &many);
+    // 5,001 mounts and the volume: within the API server's 10,000 operations.
+    assert_eq!(d.verdict, "mutated", "{}", d.message);
+    // With a variable too, each container gets two operations: past it.
+    many["metadata"]["annotations"]["ephemeral-volumes.io/s"] =
+        json!("type=emptyDir,size=1Gi,mountPath=/s,env=TMPDIR");
+    let d = decide(&Config::default(), &many);
+    assert_eq!(d.code, Some(403));
+    assert!(
+        d.message
+            .starts_with("the patch would have up to 10011 operations")
+            && d.message
+                .contains("more than the 10000 the API server accepts"),
+        "{}",
+        d.message
+    );
+    // Naming the containers keeps it small.
+    many["metadata"]["annotations"]["ephemeral-volumes.io/s"] =
+        json!("type=emptyDir,size=1Gi,mountPath=/s,env=TMPDIR,containers=c7");
+    let d = decide(&Config::default(), &many);
+    assert_eq!(d.verdict, "mutated", "{}", d.message);
+    assert_eq!(
+        d.mutated["spec"]["containers"][7]["volumeMounts"][0]["mountPath"],
+        "/s"
+    );
+    assert!(
+        d.mutated["spec"]["containers"][8]
+            .get("volumeMounts")
+            .is_none()
+    );
+}
+
+#[test]
+fn a_long_containers_list_is_matched_by_name_and_a_missing_one_named_in_a_short_message() {
+    let containers: Vec<Value> = (0..2000)
+        .map(|i| json!({"name": format!("c{i}"), "image": "busybox"}))
+        .collect();
+    let listed: Vec<String> = (0..1500).rev().map(|i| format!("c{i}")).collect();
+    let mut p = pod(json!({"ephemeral-volumes.io/s":
+        format!("type=emptyDir,size=1Gi,mountPath=/s,containers={}", listed.join(";"))}));
+    p["spec"]["containers"] = Value::Array(containers);
+    let d = decide(&Config::default(), &p);
+    assert_eq!(d.verdict, "mutated", "{}", d.message);
+    assert_eq!(
+        d.mutated["spec"]["containers"][1499]["volumeMounts"][0]["name"],
+        "s"
+    );
+    assert!(
+        d.mutated["spec"]["containers"][1500]
+            .get("volumeMounts")
+            .is_none()
+    );
+    // Names the pod does not have: the first ones named, the rest counted, and its own too.
+    let missing: Vec<String> = (0..500).map(|i| format!("x{i}")).collect();
+    p["metadata"]["annotations"]["ephemeral-volumes.io/s"] = json!(format!(
+        "type=emptyDir,size=1Gi,mountPath=/s,containers={}",
+        missing.join(";")
+    ));
+    let d = decide(&Config::default(), &p);
+    assert_eq!(d.code, Some(422));
+    assert!(
+        d.message.len() < 1000,
+        "{} bytes: {}",
+        d.message.len(),
+        d.message
+    );
+    assert!(d.message.contains("\"x0\", \"x1\""), "{}", d.message);
+    assert!(
+        d.message.contains(" and 480 more are not in the pod"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("c0, c1") && d.message.contains("and 1980 more"),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
+fn warnings_are_bounded_however_many_near_misses_a_pod_has() {
+    let mut annotations: serde_json::Map<String, Value> = (0..500)
+        .map(|i| (format!("ephemeral-volume.io/v{i}"), json!("x")))
+        .collect();
+    annotations.insert(
+        "ephemeral-volumes.io/s".into(),
+        json!("type=emptyDir,size=1Gi,mountPath=/s"),
+    );
+    let d = decide(&Config::default(), &pod(Value::Object(annotations)));
+    assert_eq!(d.verdict, "mutated", "{}", d.message);
+    assert_eq!(d.warnings.len(), 16, "{:?}", d.warnings);
+    assert!(
+        d.warnings.iter().all(|w| w.len() <= 600),
+        "{:?}",
+        d.warnings
+    );
+    assert!(
+        d.warnings.iter().any(
+            |w| w.contains("more annotations whose prefix is a near miss")
+                || w.contains("more warnings")
+        ),
+        "{:?}",
+        d.warnings
+    );
+}
+
+#[test]
+fn a_label_selected_override_does_not_hold_back_rule_volumes_or_pods_that_ask_for_nothing() {
+    // docs/configuration.md's kind of override, with no cluster access: the namespace's labels
+    // are not known.
+    let cfg = cfg(
+        "rules:\n  - name: scratch\n    volumes:\n      s: type=emptyDir,size=1Gi,mountPath=/s\n\
+         policyOverrides:\n  - name: team\n    namespaceSelector: {matchLabels: {team: a}}\n    policy: {maxVolumesPerPod: 1}\n",
+    );
+    // Rule volumes only: the admin's, decided under the top-level policy.
+    let d = decide(&cfg, &pod(json!({})));
+    assert_eq!(d.verdict, "mutated", "{}", d.message);
+    assert_eq!(volume(&d.mutated, "s")["emptyDir"]["sizeLimit"], "1Gi");
+    // An annotation of the pod's own still waits for the labels.
+    let d = decide(
+        &cfg,
+        &pod(json!({"ephemeral-volumes.io/t": "type=emptyDir,size=1Gi,mountPath=/t"})),
+    );
+    assert_eq!(d.code, Some(422));
+    assert!(d.message.contains("try again in a moment"), "{}", d.message);
+    // A pod that matches no rule and asks for nothing.
+    let quiet = self::cfg(
+        "policyOverrides:\n  - name: team\n    namespaceSelector: {matchLabels: {team: a}}\n    policy: {maxVolumesPerPod: 1}\n",
+    );
+    let d = decide(&quiet, &pod(json!({})));
+    assert_eq!(d.verdict, "unchanged", "{}", d.message);
 }

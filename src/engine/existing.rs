@@ -29,11 +29,36 @@ pub(super) fn same_volume(desired: &Value, existing: &Value) -> Result<(), Strin
         return Err(format!("of kind {have_kind}, not {want_kind}"));
     }
     if want != have {
+        // Which fields differ, never their values: a CSI volume's attributes can carry
+        // credentials, and the message goes to the user, the API server's audit log and ours.
+        let mut fields = Vec::new();
+        differing(&want, &have, have_kind.as_str(), &mut fields);
         return Err(format!(
-            "with other {have_kind} settings ({have} here, {want} asked)"
+            "with other {have_kind} settings ({} differ)",
+            crate::echo::list(&fields).unwrap_or_else(|| have_kind.clone())
         ));
     }
     Ok(())
+}
+
+/// The paths (`emptyDir.sizeLimit`) at which two values differ, into `out`: a field one has
+/// and the other lacks, or the same field with other contents (an array as a whole).
+fn differing(want: &Value, have: &Value, path: &str, out: &mut Vec<String>) {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => {
+            let keys: std::collections::BTreeSet<&String> = w.keys().chain(h.keys()).collect();
+            for key in keys {
+                let at = format!("{path}.{key}");
+                match (w.get(key), h.get(key)) {
+                    (Some(a), Some(b)) if a == b => {}
+                    (Some(a), Some(b)) => differing(a, b, &at, out),
+                    _ => out.push(at),
+                }
+            }
+        }
+        (a, b) if a != b => out.push(path.to_owned()),
+        _ => {}
+    }
 }
 
 /// A value as the API server would store it: zero values and defaults dropped, quantities in
@@ -90,6 +115,22 @@ mod tests {
     }
 
     #[test]
+    fn a_csi_volumes_attributes_are_named_by_key_never_quoted() {
+        let ours = json!({"name": "s", "csi": {"driver": "d", "volumeAttributes": {
+            "secretProviderClass": "vault", "token": "s3cr3t-ours", "same": "x"}}});
+        let theirs = json!({"name": "s", "csi": {"driver": "d", "volumeAttributes": {
+            "secretProviderClass": "vault", "token": "s3cr3t-theirs", "extra": "hunter2", "same": "x"}}});
+        let differs = same_volume(&ours, &theirs).unwrap_err();
+        assert_eq!(
+            differs,
+            "with other csi settings (csi.volumeAttributes.extra, csi.volumeAttributes.token differ)"
+        );
+        for secret in ["s3cr3t", "hunter2", "vault"] {
+            assert!(!differs.contains(secret), "{differs}");
+        }
+    }
+
+    #[test]
     fn another_kind_or_other_settings_are_named() {
         let ours = json!({"name": "s", "emptyDir": {"sizeLimit": "1Gi"}});
         assert_eq!(
@@ -103,11 +144,9 @@ mod tests {
             &ours,
             &json!({"name": "s", "emptyDir": {"sizeLimit": "2Gi"}}),
         );
-        assert!(
-            other
-                .as_ref()
-                .is_err_and(|e| e.starts_with("with other emptyDir settings")),
-            "{other:?}"
+        assert_eq!(
+            other,
+            Err("with other emptyDir settings (emptyDir.sizeLimit differ)".into())
         );
         assert_eq!(
             same_volume(&ours, &json!({"name": "s"})),

@@ -9,6 +9,7 @@
 //!   decides every change and warning;
 //! - `write` turns the plan into a JSON Patch, knowing nothing of policy.
 
+pub mod bounds;
 mod existing;
 mod plan;
 mod policy;
@@ -140,6 +141,7 @@ fn decide_in(
     match decide_or_refuse(cfg, checks, namespaces, pod, at, scope) {
         Ok(mut decision) => {
             decision.add_warnings(near_misses(cfg, pod));
+            decision.bound_warnings(bounds::MAX_WARNINGS);
             decision
         }
         Err(mut denial) => {
@@ -177,10 +179,27 @@ fn decide_or_refuse(
     // resolved are set against the pod, whatever the others' errors.
     // The policy of the pod's namespace (policyOverrides), its labels read from the cluster
     // when an override selects by label.
-    let policy = cfg
-        .policy_for(at.namespace, namespaces.and_then(|n| n.get(at.namespace)))
-        .map_err(|m| Denial::new(DenyReason::Cluster, m))?;
+    let policy = match cfg.policy_for(at.namespace, namespaces.and_then(|n| n.get(at.namespace))) {
+        Ok(policy) => policy,
+        // Rule volumes are the admin's, trusted: they do not wait for the namespace's labels
+        // (their limits are the top-level policy's meanwhile). A pod's own annotations do.
+        Err(_) if requests.iter().all(|r| !r.origin.is_annotation()) => &cfg.policy,
+        Err(m) => return Err(Denial::new(DenyReason::Cluster, m)),
+    };
+    // Counted before anything is resolved or planned: a pod past either bound costs no more
+    // than reading its annotations.
+    bounds::volumes(requests.len())?;
+    if let Err(over) = policy::volume_count(policy, requests.len()) {
+        // With the annotations' own errors, so that all are fixed in one try.
+        return Err(combined(errors, over));
+    }
     let volumes = resolve::all(cfg, policy, checks.map(|c| c.0), pod, requests, &mut errors);
+    bounds::patch(
+        &volumes,
+        pod.containers().len(),
+        pod.init_containers().len(),
+        at.pointer,
+    )?;
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
     let mut plan = Plan::new(pod);
     plan::plan(&mut plan, pod, &volumes, &cfg.injected, &mut errors);
@@ -200,6 +219,14 @@ fn decide_or_refuse(
         plan.annotate(pod, &cfg.cluster_check, value);
     }
     let patch = write::write(at.pointer, &plan)?;
+    if patch.len() > bounds::MAX_PATCH_BYTES {
+        // Never past the estimate checked before the plan; held here all the same.
+        return Err(Denial::policy(format!(
+            "the patch is {} bytes, more than the {} a patch may have",
+            patch.len(),
+            bounds::MAX_PATCH_BYTES
+        )));
+    }
     Ok(if patch.is_empty() {
         Decision::Unchanged {
             warnings: plan.warnings,
@@ -254,6 +281,7 @@ fn apply_on_error(cfg: &Config, pod: &PodView, at: PodLocation<'_>, denial: Deni
 /// label of the prefix (volumes are asked for with annotations).
 pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
     let mut hints = Vec::new();
+    let mut unwritten = 0;
     let prefix = cfg.prefix.as_str();
     for key in pod.annotations().into_iter().flatten().map(|(k, _)| &**k) {
         let Some((other, name)) = validate::split_once_byte(key, b'/') else {
@@ -264,10 +292,20 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
             && other.len().abs_diff(prefix.len()) <= 2
             && validate::closest(other, [prefix]).is_some()
         {
+            // More than a response carries are counted, not written.
+            if hints.len() >= bounds::MAX_WARNINGS {
+                unwritten += 1;
+                continue;
+            }
             hints.push(format!(
                 "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
             ));
         }
+    }
+    if unwritten > 0 {
+        hints.push(format!(
+            "… and {unwritten} more annotations whose prefix is a near miss of {prefix}"
+        ));
     }
     if pod.labels_mention(&cfg.prefix_search)
         && let Ok(labels) = pod.labels()
@@ -275,6 +313,7 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
         for key in labels
             .keys()
             .filter(|k| k.split_once('/').is_some_and(|(p, _)| p == prefix))
+            .take(bounds::MAX_WARNINGS)
         {
             hints.push(format!(
                 "label {key} is not read: volumes are asked for with annotations; make it an annotation"
@@ -285,12 +324,22 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
 }
 
 /// All errors of the worst kind at once, so a user fixes every annotation in one go.
-fn combine(errors: Vec<Denial>) -> Result<(), Denial> {
-    let Some(reason) = errors.iter().map(|d| d.reason).min() else {
-        return Ok(());
-    };
+fn combine(mut errors: Vec<Denial>) -> Result<(), Denial> {
+    match errors.pop() {
+        None => Ok(()),
+        Some(last) => Err(combined(errors, last)),
+    }
+}
+
+/// `errors` and `last` as one denial, of the worst reason among them.
+fn combined(mut errors: Vec<Denial>, last: Denial) -> Denial {
+    let mut reason = last.reason;
+    errors.push(last);
+    for d in &errors {
+        reason = reason.min(d.reason);
+    }
     let messages: Vec<String> = errors.into_iter().map(|d| d.message).collect();
-    Err(Denial::new(reason, messages.join("; ")))
+    Denial::new(reason, messages.join("; "))
 }
 
 #[cfg(test)]

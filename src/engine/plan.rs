@@ -1,7 +1,12 @@
 //! The plan: the volumes set against the pod. Every change (volumes, mounts and variables per
 //! container, annotations) and every warning is decided here, before anything is written.
 
-use std::collections::BTreeMap;
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashMap, hash_map::Entry},
+};
+
+use serde_json::value::RawValue;
 
 use smallvec::SmallVec;
 
@@ -12,7 +17,7 @@ use crate::{
     patch::{self, PatchValue},
     pod::{ContainerView, PodView, QuantityText},
     quantity::Quantity,
-    validate::same_path,
+    validate::normalize_path,
     volume::{Medium, VolumeKind},
 };
 
@@ -138,11 +143,15 @@ pub(super) fn plan<'a>(
 ) {
     plan.volumes.items.reserve_exact(volumes.len());
     plan.injected.reserve_exact(volumes.len());
+    // The pod's volumes by name, read once: each volume added is looked up in it.
+    let existing: HashMap<Cow<'_, str>, &RawValue> = pod.volumes_by_name();
     for v in volumes {
-        if let Err(d) = add_volume(plan, pod, v) {
+        if let Err(d) = add_volume(plan, &existing, v) {
             errors.push(d);
         }
     }
+    // Which volume came from where, for a conflict's message.
+    let by_name: HashMap<&str, &Resolved<'_>> = volumes.iter().map(|v| (v.name, v)).collect();
     let lists = [
         (ContainerList::Containers, pod.containers()),
         (ContainerList::InitContainers, pod.init_containers()),
@@ -153,6 +162,10 @@ pub(super) fn plan<'a>(
                 ContainerList::Containers => v.containers.contains(index),
                 ContainerList::InitContainers => v.init_containers.contains(index),
             };
+            let mut targeting = volumes.iter().filter(|v| targets(v)).peekable();
+            if targeting.peek().is_none() {
+                continue;
+            }
             let mut changes = ContainerChanges {
                 list,
                 index,
@@ -165,9 +178,12 @@ pub(super) fn plan<'a>(
                     items: SmallVec::new(),
                 },
             };
-            for v in volumes.iter().filter(|v| targets(v)) {
-                match mount(&mut changes, &mut plan.warnings, c, v, volumes) {
-                    Ok(()) => set_env(&mut changes, &mut plan.warnings, c, v),
+            // The container's mounts (by path, in one spelling) and variables, read once:
+            // every volume it gets is set against them and the ones added before it.
+            let mut taken = Taken::of(c);
+            for v in targeting {
+                match mount(&mut changes, &mut taken, &mut plan.warnings, c, v, &by_name) {
+                    Ok(()) => set_env(&mut changes, &mut taken, &mut plan.warnings, c, v),
                     Err(d) => errors.push(d),
                 }
             }
@@ -187,13 +203,17 @@ pub(super) fn plan<'a>(
 }
 
 /// A new volume, or one the pod already has identically (nothing to add).
-fn add_volume<'a>(plan: &mut Plan<'a>, pod: &PodView, v: &'a Resolved<'_>) -> Result<(), Denial> {
+fn add_volume<'a>(
+    plan: &mut Plan<'a>,
+    existing: &HashMap<Cow<'_, str>, &RawValue>,
+    v: &'a Resolved<'_>,
+) -> Result<(), Denial> {
     let volume = patch::Volume {
         name: v.name,
         kind: v.kind,
         source: &v.source,
     };
-    if let Some(raw) = pod.volume_named(v.name) {
+    if let Some(raw) = existing.get(v.name) {
         let existing: serde_json::Value =
             serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null);
         let mut json = Vec::new();
@@ -228,30 +248,59 @@ fn add_volume<'a>(plan: &mut Plan<'a>, pod: &PodView, v: &'a Resolved<'_>) -> Re
     Ok(())
 }
 
+/// One container's mounts by path (in [`normalize_path`]'s spelling) and its variables by
+/// name, the pod's own and those added so far: what each new mount and variable is checked
+/// against, in one look-up each.
+struct Taken<'c> {
+    paths: HashMap<String, &'c str>,
+    variables: HashMap<&'c str, Variable<'c>>,
+}
+
+/// Who sets a variable in a container.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variable<'c> {
+    /// The pod, to this value (`None`: from `valueFrom`).
+    Pod(Option<&'c str>),
+    /// A volume added before, to its mount path.
+    Added,
+}
+
+impl<'c> Taken<'c> {
+    fn of(c: &'c ContainerView<'_>) -> Taken<'c> {
+        let mut paths = HashMap::new();
+        for m in c.volume_mounts.iter().flatten() {
+            // The first mount at a path is the one a conflict names.
+            paths
+                .entry(normalize_path(&m.mount_path))
+                .or_insert(&*m.name);
+        }
+        let mut variables = HashMap::new();
+        for e in c.env.iter().flatten() {
+            variables
+                .entry(&*e.name)
+                .or_insert(Variable::Pod(e.value.as_deref()));
+        }
+        Taken { paths, variables }
+    }
+}
+
 /// The mount in one container, unless it is there already; another volume at the same path
 /// is a conflict. Paths are compared in one spelling (`/scratch/` is `/scratch`).
-fn mount<'a>(
+fn mount<'a: 't, 't>(
     changes: &mut ContainerChanges<'a>,
+    taken: &mut Taken<'t>,
     warnings: &mut Vec<String>,
-    c: &ContainerView,
+    c: &'t ContainerView<'_>,
     v: &'a Resolved<'_>,
-    volumes: &[Resolved<'_>],
+    volumes: &HashMap<&str, &Resolved<'_>>,
 ) -> Result<(), Denial> {
-    let existing = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .map(|m| (&*m.mount_path, &*m.name));
-    let added = changes.mounts.items.iter().map(|m| (m.mount_path, m.name));
-    let taken = existing
-        .chain(added)
-        .find(|(path, _)| same_path(path, &v.mount_path));
-    match taken {
-        Some((_, name)) if name == v.name => Ok(()),
-        Some((_, other)) => {
+    match taken.paths.entry(normalize_path(&v.mount_path)) {
+        Entry::Occupied(at) if *at.get() == v.name => Ok(()),
+        Entry::Occupied(at) => {
+            let other = *at.get();
             // Where the other volume came from: this request's own annotation or rule, or
             // the pod itself.
-            let from = match volumes.iter().find(|o| o.name == other) {
+            let from = match volumes.get(other) {
                 Some(o) => format!("volume {other:?} ({})", o.origin.describe(other)),
                 None => format!("the pod's volume {other:?}"),
             };
@@ -263,7 +312,8 @@ fn mount<'a>(
                 v.mount_path
             )))
         }
-        None => {
+        Entry::Vacant(free) => {
+            free.insert(v.name);
             changes.mounts.items.push(patch::VolumeMount {
                 mount_path: &v.mount_path,
                 name: v.name,
@@ -278,27 +328,33 @@ fn mount<'a>(
 
 /// The variables set to the mount path; one the container (or another volume) sets already
 /// is left alone, with a warning unless it has this value.
-fn set_env<'a>(
+fn set_env<'a: 't, 't>(
     changes: &mut ContainerChanges<'a>,
+    taken: &mut Taken<'t>,
     warnings: &mut Vec<String>,
     c: &ContainerView,
     v: &'a Resolved<'_>,
 ) {
     for var in v.env.iter() {
-        match c.env.iter().flatten().find(|e| *e.name == **var) {
-            Some(e) if e.value.as_deref() == Some(&*v.mount_path) => {}
-            Some(_) => warnings.push(format!(
-                "volume {}: container {} already sets {var}; left alone",
-                v.name, c.name
-            )),
-            None if changes.env.items.iter().any(|e| e.name == *var) => warnings.push(format!(
-                "volume {}: {var} is set by another volume in container {}; left alone",
-                v.name, c.name
-            )),
-            None => changes.env.items.push(patch::EnvVar {
-                name: var,
-                value: &v.mount_path,
-            }),
+        match taken.variables.entry(var.as_str()) {
+            Entry::Occupied(set) => match *set.get() {
+                Variable::Pod(value) if value == Some(&*v.mount_path) => {}
+                Variable::Pod(_) => warnings.push(format!(
+                    "volume {}: container {} already sets {var}; left alone",
+                    v.name, c.name
+                )),
+                Variable::Added => warnings.push(format!(
+                    "volume {}: {var} is set by another volume in container {}; left alone",
+                    v.name, c.name
+                )),
+            },
+            Entry::Vacant(free) => {
+                free.insert(Variable::Added);
+                changes.env.items.push(patch::EnvVar {
+                    name: var,
+                    value: &v.mount_path,
+                });
+            }
         }
     }
 }

@@ -1,11 +1,12 @@
 //! What a pod asks for: its annotations (checked against policy), then the volumes of every
 //! rule that matches it (trusted: the admin wrote them).
 
+use super::bounds;
 use crate::{
     config::{Config, Mode},
     decision::Denial,
     pod::PodView,
-    validate,
+    validate::{self, Invalid},
     volume::{Requested, VolumeRequest},
 };
 
@@ -110,6 +111,7 @@ pub(super) fn collect<'a>(
     let asked = pod.annotations().map_or(0, |a| {
         a.keys().filter(|k| volume_name(cfg, k).is_some()).count()
     });
+    bounds::annotations(asked, &cfg.prefix)?;
     let mut requests = Vec::with_capacity(asked);
     let mut errors = Vec::new();
     let mut refused = Vec::new();
@@ -129,8 +131,9 @@ pub(super) fn collect<'a>(
         let Some(slot) = requests.last_mut() else {
             continue; // never: the slot was just added
         };
-        let parsed =
-            validate::dns_label("volume name", name).and_then(|()| slot.request.read(value));
+        let parsed = validate::dns_label("volume name", name)
+            .and_then(|()| bounds::value(value).map_err(Invalid))
+            .and_then(|()| slot.request.read(value));
         let kept = match parsed {
             Ok(()) => !(scope == Scope::Enforced && audited(cfg, &origin, &slot.request)),
             // Under the default `mode: audit` an unreadable annotation is audited too.

@@ -40,7 +40,7 @@ pub(super) struct Resolved<'a> {
     pub cluster: Option<Finding>,
 }
 
-/// Every request resolved, and every error beside (the count held to `maxVolumesPerPod`).
+/// Every request resolved, and every error beside.
 pub(super) fn all<'a>(
     cfg: &'a Config,
     policy: &Policy,
@@ -49,16 +49,12 @@ pub(super) fn all<'a>(
     requests: Vec<Request<'a>>,
     errors: &mut Vec<Denial>,
 ) -> Vec<Resolved<'a>> {
-    let count = requests.len();
-    let mut volumes = Vec::with_capacity(count);
+    let mut volumes = Vec::with_capacity(requests.len());
     for request in requests {
         match resolve(cfg, policy, cluster, pod, request) {
             Ok(v) => volumes.push(v),
             Err(d) => errors.push(d),
         }
-    }
-    if let Err(d) = policy::volume_count(policy, count) {
-        errors.push(d);
     }
     volumes
 }

@@ -1,8 +1,10 @@
 //! Which containers get a volume's mount, and `size=request` (a size read from them).
 
+use std::collections::HashMap;
+
 use crate::{
     decision::Denial,
-    echo::quoted,
+    echo::{self, quoted},
     pod::{ContainerView, PodView},
     quantity::Quantity,
     volume::InitTargets,
@@ -12,7 +14,7 @@ use crate::{
 #[derive(Debug, Clone)]
 pub(super) enum Targets {
     All,
-    /// These, by position in the list.
+    /// These, by position in the list: sorted, each once.
     Listed(Vec<usize>),
 }
 
@@ -20,7 +22,15 @@ impl Targets {
     pub(super) fn contains(&self, i: usize) -> bool {
         match self {
             Targets::All => true,
-            Targets::Listed(l) => l.contains(&i),
+            Targets::Listed(l) => l.binary_search(&i).is_ok(),
+        }
+    }
+
+    /// How many entries of a list of `len` get the mount.
+    pub(super) fn count(&self, len: usize) -> usize {
+        match self {
+            Targets::All => len,
+            Targets::Listed(l) => l.len(),
         }
     }
 }
@@ -31,27 +41,34 @@ pub(super) fn find(
     containers: Option<&[String]>,
     init: Option<&InitTargets>,
 ) -> Result<(Targets, Targets), Denial> {
-    // Every name missing at once, and what the pod has instead.
+    // Every name missing at once, and what the pod has instead. The list is read into a map
+    // once (its first container of a name), so that each name is one look-up.
     let positions = |list: &[ContainerView], names: &[String], what: &str| {
-        let missing: Vec<String> = names
-            .iter()
-            .filter(|n| !list.iter().any(|c| *c.name == ***n))
-            .map(|n| quoted(n))
-            .collect();
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(list.len());
+        for (i, c) in list.iter().enumerate() {
+            index.entry(&*c.name).or_insert(i);
+        }
+        let mut found = Vec::with_capacity(names.len());
+        let mut missing = Vec::new();
+        for n in names {
+            match index.get(n.as_str()) {
+                Some(&i) => found.push(i),
+                None => missing.push(quoted(n)),
+            }
+        }
         if missing.is_empty() {
-            return Ok(names
-                .iter()
-                .filter_map(|n| list.iter().position(|c| *c.name == **n))
-                .collect::<Vec<usize>>());
+            found.sort_unstable();
+            found.dedup();
+            return Ok(found);
         }
         let present: Vec<&str> = list.iter().map(|c| &*c.name).collect();
-        let has = match present.as_slice() {
-            [] => format!("the pod has no {what}s"),
-            _ => format!("its {what}s: {}", present.join(", ")),
+        let has = match echo::list(&present) {
+            None => format!("the pod has no {what}s"),
+            Some(listed) => format!("its {what}s: {listed}"),
         };
         let missing = match missing.as_slice() {
             [one] => format!("{what} {one} is"),
-            many => format!("{what}s {} are", many.join(", ")),
+            many => format!("{what}s {} are", echo::list(many).unwrap_or_default()),
         };
         Err(Denial::conflict(format!(
             "{missing} not in the pod ({has})"
@@ -103,7 +120,8 @@ pub(super) fn requested_size(
                 [one] => format!("container {} has no ephemeral-storage request", one.name),
                 many => format!(
                     "none of the containers {} has an ephemeral-storage request",
-                    many.iter().map(|c| &*c.name).collect::<Vec<_>>().join(", ")
+                    echo::list(&many.iter().map(|c| &*c.name).collect::<Vec<_>>())
+                        .unwrap_or_default()
                 ),
             }
         ))),

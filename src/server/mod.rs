@@ -92,6 +92,12 @@ impl AppState {
             Some("no valid serving certificate (self-managed TLS: see the log)")
         } else if !self.cluster_ready.load(Ordering::SeqCst) {
             Some("waiting for the cluster's CSIDriver and StorageClass lists")
+        } else if self
+            .cluster
+            .as_ref()
+            .is_some_and(|w| w.awaiting_namespaces())
+        {
+            Some("waiting for the Namespace list (policyOverrides select namespaces by label)")
         } else if self.at_capacity.load(Ordering::SeqCst) {
             Some("the webhook port is at its connection cap")
         } else {
@@ -200,6 +206,9 @@ pub async fn serve(
         ClientOutcome::NotAskedFor => (None, None),
         ClientOutcome::Failed(why) => (None, Some(why)),
     };
+    if let (None, Some(note)) = (&client, config.needs_namespace_labels()) {
+        tracing::warn!("without API access: {note}");
+    }
     // Self-managed TLS needs the API whatever the checks: without it there is no certificate.
     let tls_client = match (&self_tls, &client) {
         (None, _) => None,
@@ -239,7 +248,13 @@ pub async fn serve(
     }
     if let (Some(client), Some(w)) = (client, watch) {
         tracing::info!(sync_timeout = ?timing.cluster_sync, "cluster checks: watching CSIDrivers and StorageClasses");
-        watch::watch(client, w.clone(), state.clone(), &background);
+        watch::watch(
+            client,
+            w.clone(),
+            state.clone(),
+            &background,
+            timing.cluster_sync,
+        );
         background.spawn(
             tasks::Until::Exit,
             "cluster checks: sync timeout",

@@ -53,6 +53,9 @@ pub struct ClusterWatch {
     classes_synced: AtomicBool,
     /// The Namespace list arrived (watched only while an override selects by label).
     namespaces_synced: AtomicBool,
+    /// A configuration selects namespaces by label and the sync timeout for their list has
+    /// not passed yet: readiness waits for the list meanwhile.
+    namespaces_awaited: AtomicBool,
     synced: tokio::sync::Notify,
 }
 
@@ -70,6 +73,7 @@ impl ClusterWatch {
             csi_synced: AtomicBool::new(false),
             classes_synced: AtomicBool::new(false),
             namespaces_synced: AtomicBool::new(false),
+            namespaces_awaited: AtomicBool::new(false),
             synced: tokio::sync::Notify::new(),
         }
     }
@@ -82,6 +86,14 @@ impl ClusterWatch {
     /// Both lists arrived complete at least once (later losses keep the last state).
     pub fn complete(&self) -> bool {
         self.csi_synced.load(Ordering::SeqCst) && self.classes_synced.load(Ordering::SeqCst)
+    }
+
+    /// A configuration selects namespaces by label, their list has not arrived, and the sync
+    /// timeout has not passed: the pods those namespaces' overrides decide would be refused
+    /// ("try again"), so the replica is not ready yet.
+    pub fn awaiting_namespaces(&self) -> bool {
+        self.namespaces_awaited.load(Ordering::SeqCst)
+            && !self.namespaces_synced.load(Ordering::SeqCst)
     }
 
     /// Resolves once [`complete`](Self::complete).
@@ -133,6 +145,7 @@ pub fn watch(
     w: Arc<ClusterWatch>,
     state: Arc<AppState>,
     background: &super::tasks::Background,
+    sync_timeout: std::time::Duration,
 ) {
     use super::tasks::Until;
     // Known from the start (at 0), so that the dashboard and alerts find them.
@@ -170,6 +183,17 @@ pub fn watch(
             while !state.config.load().uses_namespace_labels() {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
+            // Ready once the list arrives, or unready for at most the sync timeout (the
+            // chart may not grant the list: a replica must not stay unready for it).
+            w.namespaces_awaited.store(true, Ordering::SeqCst);
+            let timer = w.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(sync_timeout).await;
+                if timer.awaiting_namespaces() {
+                    tracing::warn!(timeout = ?sync_timeout, "the Namespace list has not arrived: ready; pods whose annotations need a label-selected policyOverride are refused (try again) until it does");
+                }
+                timer.namespaces_awaited.store(false, Ordering::SeqCst);
+            });
             let label = KindLabel {
                 kind: namespaces().name,
             };
