@@ -299,10 +299,26 @@ pub async fn serve(
         state.clone(),
         admin_stopping.clone(),
     ));
-    let admin_task = tokio::spawn({
+    // The admin port runs on a runtime and thread of its own: reviews that keep every worker
+    // of the main runtime busy cannot delay `/healthz` or `/readyz` (a kubelet that sees the
+    // probes time out would restart a replica that is only busy).
+    let admin_runtime = AdminRuntime::start().map_err(ServeError::Runtime)?;
+    // Its socket moves to that runtime's reactor too.
+    let admin = admin.into_std().map_err(|source| ServeError::Bind {
+        addr: admin_addr,
+        source,
+    })?;
+    let admin_task = admin_runtime.spawn({
         let port = admin_port.clone();
         let mut stopping = admin_stopping;
         async move {
+            let admin = match TcpListener::from_std(admin) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "the admin port cannot listen");
+                    return;
+                }
+            };
             accept_loop(&admin, &port, async move {
                 let _ = stopping.wait_for(|s| *s).await;
             })
@@ -341,7 +357,45 @@ pub async fn serve(
         tracing::warn!(running = background.running(), within = ?BACKGROUND_STOP, "background tasks still running; exiting all the same");
     }
     shutdown::close_admin(stop_admin, admin_task, admin_port).await;
+    admin_runtime.stop();
     Ok(())
+}
+
+/// A current-thread runtime on a thread of its own, for the admin port.
+struct AdminRuntime {
+    handle: tokio::runtime::Handle,
+    /// Dropped (or sent) to end the thread.
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl AdminRuntime {
+    fn start() -> std::io::Result<AdminRuntime> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("evi-admin".into())
+            .spawn(move || {
+                // Its tasks run while this waits; the runtime is dropped when it returns.
+                runtime.block_on(async move {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(AdminRuntime { handle, stop })
+    }
+
+    fn spawn(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        self.handle.spawn(task)
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+    }
 }
 
 /// How long the shutdown waits for the background tasks after cancelling them (they stop at

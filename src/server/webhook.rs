@@ -214,7 +214,15 @@ async fn review_at(
             state: s,
             complete: *complete,
         });
-    let response = match review::handle(&config, known, endpoint, &body) {
+    // A review is CPU work (up to a few milliseconds for the largest bodies): on the
+    // multi-threaded runtime the worker hands its other connections to another thread first,
+    // so that no connection's I/O waits behind it.
+    let decide = || review::handle(&config, known, endpoint, &body);
+    let handled = match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(decide),
+        _ => decide(),
+    };
+    let response = match handled {
         Ok(h) => {
             match endpoint {
                 review::Endpoint::Mutate => record(m, &h),
