@@ -75,6 +75,60 @@ pub fn list<S: AsRef<str>>(items: &[S]) -> Option<String> {
     Some(out)
 }
 
+/// The longest user string (a name, a namespace, a uid) a log line carries.
+pub const LOG_VALUE_LIMIT: usize = 256;
+
+/// A value for a log line: control characters escaped (`\n`, `\u{1b}`), so that a newline in
+/// a pod's `generateName` cannot forge a line of the text log, and cut after `limit` bytes
+/// with `…`. Names the API server has not validated yet (admission comes first) can be as long
+/// as the request allows.
+pub struct ForLog<'a, T: ?Sized>(pub &'a T, pub usize);
+
+impl<'a, T: std::fmt::Display + ?Sized> ForLog<'a, T> {
+    /// A name, a namespace or a uid: cut at [`LOG_VALUE_LIMIT`].
+    pub fn name(value: &'a T) -> Self {
+        ForLog(value, LOG_VALUE_LIMIT)
+    }
+}
+
+impl<T: std::fmt::Display + ?Sized> std::fmt::Display for ForLog<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        /// Escapes and counts what passes through, and stops at the limit.
+        struct Escaping<'f, 'g> {
+            out: &'f mut std::fmt::Formatter<'g>,
+            left: usize,
+            cut: bool,
+        }
+        impl std::fmt::Write for Escaping<'_, '_> {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                for c in s.chars() {
+                    if self.cut {
+                        return Ok(());
+                    }
+                    if c.len_utf8() > self.left {
+                        self.cut = true;
+                        return self.out.write_char('…');
+                    }
+                    self.left -= c.len_utf8();
+                    if c.is_control() {
+                        write!(self.out, "{}", c.escape_default())?;
+                    } else {
+                        self.out.write_char(c)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+        let mut w = Escaping {
+            out: f,
+            left: self.1,
+            cut: false,
+        };
+        write!(w, "{}", self.0)
+    }
+}
+
 /// An annotation's text with the value of every `attr.<key>` pair (`=` or `:`) written as
 /// `…`: a CSI volume's attributes can carry credentials, which no message or log repeats.
 pub fn without_attributes(text: &str) -> Cow<'_, str> {
@@ -159,6 +213,18 @@ mod tests {
             shown.starts_with("c0, c1, ") && shown.ends_with("c19 and 980 more"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn a_log_value_has_no_raw_control_character_and_is_cut() {
+        let forged = "nf-\n2026-12-04T00:00:00Z INFO fake line\u{1b}[31m";
+        let shown = ForLog::name(forged).to_string();
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(shown.starts_with("nf-\\n2026"), "{shown}");
+        let long = "a".repeat(10_000);
+        let shown = ForLog::name(long.as_str()).to_string();
+        assert_eq!(shown, format!("{}…", "a".repeat(LOG_VALUE_LIMIT)));
+        assert_eq!(ForLog::name("plain").to_string(), "plain");
     }
 
     #[test]

@@ -1007,3 +1007,170 @@ async fn an_idle_keep_alive_connection_lives_for_the_idle_bound_not_hypers_30_s(
         0.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_at_the_cap_make_room_and_the_replica_stays_ready() {
+    // Eight slots: six idle keep-alive connections (one request each, then nothing) and two
+    // slow ones (handshaken, no request): the slots any pod that reaches the port can take.
+    let server = Server::start(
+        &["--max-connections", "8", "--header-timeout-seconds", "20"],
+        None,
+        dir(),
+    );
+    let (_, request) = nextflow_review("idle-holder");
+    let body = serde_json::to_vec(&request).unwrap();
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let mut idle = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+        let (status, _) = idle.send("POST", "/mutate", body.clone()).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        held.push(idle);
+    }
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        slow.push(connect(server.webhook, &tls, Proto::H1).await.unwrap());
+    }
+    assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
+    // Past the cap, over and over: each newcomer is served at once, in an idle one's place,
+    // and the replica never reports itself at its cap.
+    for i in 0..10 {
+        let (_, request) = nextflow_review(&format!("newcomer-{i}"));
+        let t = Instant::now();
+        let mut fresh = tokio::time::timeout(
+            Duration::from_secs(3),
+            connect(server.webhook, &tls, Proto::H1),
+        )
+        .await
+        .expect("a newcomer waited at the cap")
+        .unwrap();
+        let (status, _) = fresh
+            .send("POST", "/mutate", serde_json::to_vec(&request).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
+        held.push(fresh);
+    }
+    assert!(
+        server
+            .metric("evi_connections_closed_total{port=\"webhook\",cause=\"evicted\"}")
+            .await
+            >= 10.0
+    );
+    // An idle connection was always there to make room: never at the cap.
+    assert_eq!(
+        server
+            .metric("evi_connections_at_capacity_total{port=\"webhook\"}")
+            .await,
+        0.0
+    );
+    drop(held);
+    drop(slow);
+}
+
+/// What a connection accepted and handshaken before SIGTERM got for its first request.
+async fn first_request_after_signal(server: &Server, count: usize) -> Vec<Result<String, String>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_, request) = nextflow_review("after-signal");
+    let body = serde_json::to_vec(&request).unwrap();
+    let tls = connector(&server.ca_pem, Proto::H1);
+    let mut streams = Vec::new();
+    for _ in 0..count {
+        let tcp = TcpStream::connect(server.webhook).await.unwrap();
+        streams.push(
+            tls.connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap(),
+        );
+    }
+    server.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut answers = Vec::new();
+    for mut s in streams {
+        let head = format!(
+            "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let sent = async {
+            s.write_all(head.as_bytes()).await?;
+            s.write_all(&body).await?;
+            s.flush().await?;
+            let mut answer = Vec::new();
+            s.read_to_end(&mut answer).await?;
+            Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+        };
+        answers.push(
+            match tokio::time::timeout(Duration::from_secs(5), sent).await {
+                Ok(Ok(a)) if a.is_empty() => Err("EOF".to_owned()),
+                Ok(Ok(a)) => Ok(a),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer within 5 s".to_owned()),
+            },
+        );
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_without_a_drain_delay_answers_every_accepted_connections_first_request() {
+    let server = Server::start(&["--drain-delay-seconds", "0"], None, dir());
+    let answers = first_request_after_signal(&server, 6).await;
+    for a in &answers {
+        let a = a.as_ref().expect("an accepted connection's request failed");
+        assert!(a.starts_with("HTTP/1.1 200"), "{a:.200}");
+        assert!(
+            a.to_ascii_lowercase().contains("connection: close"),
+            "{a:.300}"
+        );
+    }
+    assert!(server.exit_status(Duration::from_secs(15)).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_stops_under_load_fail_no_request_on_a_handshaken_connection() {
+    for stop in 0..20 {
+        let server = Server::start(&["--drain-delay-seconds", "0"], None, dir());
+        let done = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut clients = Vec::new();
+        for i in 0..3 {
+            let (done, failed) = (done.clone(), failed.clone());
+            let tls = connector(&server.ca_pem, Proto::H1);
+            let addr = server.webhook;
+            clients.push(tokio::spawn(async move {
+                let (_, request) = nextflow_review(&format!("stop-{stop}-{i}"));
+                let body = serde_json::to_vec(&request).unwrap();
+                while !done.load(Ordering::SeqCst) {
+                    // A new connection each time: one refused or reset before its handshake
+                    // completed was never the server's; one handshaken must be answered.
+                    let Ok(mut conn) = connect(addr, &tls, Proto::H1).await else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    match conn.send("POST", "/mutate", body.clone()).await {
+                        Ok((StatusCode::OK, _)) => {}
+                        Ok((s, _)) => failed.lock().unwrap().push(s.to_string()),
+                        Err(e) => failed.lock().unwrap().push(e),
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        server.signal("TERM");
+        let status = server.exit_status(Duration::from_secs(15)).await;
+        done.store(true, Ordering::SeqCst);
+        for c in clients {
+            c.await.unwrap();
+        }
+        assert!(status.success(), "stop {stop}: exit status {status}");
+        let failed = failed.lock().unwrap().clone();
+        assert!(
+            failed.is_empty(),
+            "stop {stop}: {} failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(3)]
+        );
+    }
+}

@@ -10,6 +10,13 @@
 //!
 //! hyper's own header-read timeout also runs while a keep-alive connection waits, so it would
 //! make the idle bound the header bound; this module tracks the phases itself instead.
+//!
+//! At its port's connection cap, the idle connection that has waited longest is closed to make
+//! room ([`Activity::evict`]), before the port reports not ready: idle keep-alive connections,
+//! which anyone who can reach the port can open, cannot take a replica out of service. At
+//! shutdown, an HTTP/1.1 connection that has not had its first request yet gets it answered
+//! (with `Connection: close`) within the header bound: the client sends it on a connection we
+//! accepted, and would otherwise read an EOF.
 
 use std::{
     convert::Infallible,
@@ -48,15 +55,18 @@ pub enum Cause {
     HandshakeTimeout,
     HeaderTimeout,
     Idle,
+    /// Idle, and closed to make room at the connection cap.
+    Evicted,
     Malformed,
 }
 
 impl Cause {
     /// Every cause (the metrics start each at 0).
-    pub const ALL: [Cause; 4] = [
+    pub const ALL: [Cause; 5] = [
         Cause::HandshakeTimeout,
         Cause::HeaderTimeout,
         Cause::Idle,
+        Cause::Evicted,
         Cause::Malformed,
     ];
 
@@ -65,6 +75,7 @@ impl Cause {
             Cause::HandshakeTimeout => "handshake-timeout",
             Cause::HeaderTimeout => "header-timeout",
             Cause::Idle => "idle",
+            Cause::Evicted => "evicted",
             Cause::Malformed => "malformed",
         }
     }
@@ -82,16 +93,68 @@ enum Phase {
 
 /// What a connection is doing, and since when.
 #[derive(Debug)]
-struct Activity {
+pub struct Activity {
     state: Mutex<(Phase, Instant, usize)>,
-    h2: bool,
+    h2: std::sync::atomic::AtomicBool,
+    /// A request has started on it (set once).
+    served: std::sync::atomic::AtomicBool,
+    /// Notified at each request's start.
+    started: tokio::sync::Notify,
+    /// Notified to close the connection to make room at the cap.
+    evicted: tokio::sync::Notify,
+    /// It was asked to close (and is not chosen again).
+    evicting: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            state: Mutex::new((Phase::Headers, Instant::now(), 0)),
+            h2: std::sync::atomic::AtomicBool::new(false),
+            served: std::sync::atomic::AtomicBool::new(false),
+            started: tokio::sync::Notify::new(),
+            evicted: tokio::sync::Notify::new(),
+            evicting: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 impl Activity {
+    #[cfg(test)]
     fn new(h2: bool) -> Self {
-        Activity {
-            state: Mutex::new((Phase::Headers, Instant::now(), 0)),
-            h2,
+        let a = Activity::default();
+        a.h2.store(h2, std::sync::atomic::Ordering::Relaxed);
+        a
+    }
+
+    fn is_h2(&self) -> bool {
+        self.h2.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Since when the connection has been idle (no request in flight, keep-alive), if it is
+    /// and has not been asked to close already.
+    pub fn idle_since(&self) -> Option<Instant> {
+        if self.evicting.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        self.with(|&mut (phase, since, _)| (phase == Phase::Idle).then_some(since))
+    }
+
+    /// Asks the connection to close (it is idle: nothing is lost).
+    pub fn evict(&self) {
+        self.evicting
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.evicted.notify_one();
+    }
+
+    /// Resolves at the first request's start (at once if one has started).
+    async fn first_request(&self) {
+        loop {
+            let started = self.started.notified();
+            if self.served.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            started.await;
         }
     }
 
@@ -103,7 +166,7 @@ impl Activity {
     /// HTTP/1.1: the first bytes of the next request end the idle wait. (HTTP/2 frames such
     /// as pings do not: only a new stream does.)
     fn bytes_read(&self) {
-        if self.h2 {
+        if self.is_h2() {
             return;
         }
         self.with(|s| {
@@ -115,6 +178,8 @@ impl Activity {
 
     fn request_started(&self) {
         self.with(|s| *s = (Phase::InRequest, Instant::now(), s.2 + 1));
+        self.served.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.started.notify_waiters();
     }
 
     fn request_finished(&self) {
@@ -133,7 +198,7 @@ impl Activity {
     fn deadline(&self, b: &Bounds) -> Option<(Instant, Cause)> {
         self.with(|&mut (phase, since, _)| match phase {
             Phase::Headers => Some((since + b.header, Cause::HeaderTimeout)),
-            Phase::Idle if self.h2 => Some((since + b.h2_idle, Cause::Idle)),
+            Phase::Idle if self.is_h2() => Some((since + b.h2_idle, Cause::Idle)),
             Phase::Idle => Some((since + b.h1_idle, Cause::Idle)),
             Phase::InRequest => None,
         })
@@ -199,11 +264,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
     }
 }
 
-/// Serves one connection until the client closes it, a bound runs out, or `shutdown`
-/// resolves (then: the request in flight finishes, keep-alive ends, HTTP/2 sends GOAWAY).
+/// Serves one connection until the client closes it, a bound runs out, it is evicted at the
+/// cap, or `shutdown` resolves (then: the first request is awaited if none came yet, the
+/// request in flight finishes, keep-alive ends, HTTP/2 sends GOAWAY). `activity` is the
+/// connection's, made when it was accepted (its port finds idle connections through it).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<IO>(
     io: IO,
     h2: bool,
+    activity: Arc<Activity>,
     app: Router,
     bounds: Bounds,
     metrics: &Metrics,
@@ -212,7 +281,7 @@ pub async fn serve<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new(h2));
+    activity.h2.store(h2, std::sync::atomic::Ordering::Relaxed);
     let tracked = Tracked {
         io,
         activity: activity.clone(),
@@ -261,7 +330,24 @@ pub async fn serve<IO>(
             }
             return;
         }
+        () = activity.evicted.notified() => {
+            cut(Cause::Evicted);
+            // Idle when chosen; a request that started since is finished first.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(bounds.header, conn.as_mut()).await;
+            return;
+        }
         () = shutdown.as_mut() => {}
+    }
+    // HTTP/1.1 has no way to say "go elsewhere" before a request: a connection accepted
+    // before the signal whose first request has not come yet gets it answered, within the
+    // header bound (the watchdog's), with `Connection: close`.
+    if !h2 {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = watchdog(activity.clone(), bounds) => return,
+            () = activity.first_request() => {}
+        }
     }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
@@ -342,6 +428,29 @@ mod tests {
         assert_eq!(
             a.deadline(&B),
             Some((Instant::now() + B.header, Cause::HeaderTimeout))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_an_idle_connection_is_offered_for_eviction_and_only_once() {
+        let a = Activity::new(false);
+        assert_eq!(a.idle_since(), None, "waiting for its first request");
+        a.request_started();
+        assert_eq!(a.idle_since(), None, "a request in flight");
+        a.request_finished();
+        let idle = Instant::now();
+        assert_eq!(a.idle_since(), Some(idle));
+        a.evict();
+        assert_eq!(a.idle_since(), None, "already asked to close");
+        // The request the shutdown waits for: resolved at once once one has started.
+        tokio::time::timeout(Duration::from_millis(1), a.first_request())
+            .await
+            .unwrap();
+        let fresh = Activity::new(false);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1), fresh.first_request())
+                .await
+                .is_err()
         );
     }
 

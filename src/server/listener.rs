@@ -28,6 +28,60 @@ pub(super) struct Port {
     pub permits: Arc<tokio::sync::Semaphore>,
     pub state: Arc<AppState>,
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The connections being served, for the cap to find an idle one to close.
+    pub connections: Arc<Connections>,
+}
+
+/// The connections of a port, by a number of their own.
+#[derive(Default)]
+pub(super) struct Connections {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<u64, Arc<connection::Activity>>>,
+}
+
+impl Connections {
+    fn add(self: &Arc<Self>, activity: Arc<connection::Activity>) -> Registered {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, activity);
+        Registered {
+            id,
+            connections: self.clone(),
+        }
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, Arc<connection::Activity>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the connection that has been idle longest, if one is idle; whether one was.
+    pub(super) fn evict_oldest_idle(&self) -> bool {
+        let open = self.lock();
+        let oldest = open
+            .values()
+            .filter_map(|a| a.idle_since().map(|since| (since, a)))
+            .min_by_key(|(since, _)| *since);
+        match oldest {
+            Some((_, a)) => {
+                a.evict();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A connection's place in [`Connections`], given back when it closes.
+struct Registered {
+    id: u64,
+    connections: Arc<Connections>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.connections.lock().remove(&self.id);
+    }
 }
 
 impl Port {
@@ -51,6 +105,7 @@ impl Port {
             permits: Arc::new(tokio::sync::Semaphore::new(cap)),
             state,
             stopping,
+            connections: Arc::default(),
         }
     }
 
@@ -100,13 +155,70 @@ pub(super) async fn accept_loop(
     }
 }
 
-/// A free slot on the port, waiting at the cap; `None` once `until` resolves.
+/// At shutdown, after the accept loop: the connections the kernel has already accepted (the
+/// backlog), each served as if accepted before the signal (its first request answered), and
+/// then the listener closed. Without this they would be reset when it closes.
+pub(super) async fn accept_backlog(listener: TcpListener, port: &Port) {
+    let listener = match listener.into_std() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(port = port.name, error = %e, "cannot take the backlog");
+            return;
+        }
+    };
+    let mut taken = 0usize;
+    // A plain non-blocking accept: it sees every connection the kernel holds, where the
+    // runtime's readiness may not have seen the newest yet.
+    while let Ok((tcp, _peer)) = listener.accept() {
+        let Ok(tcp) = tcp
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(tcp))
+        else {
+            continue;
+        };
+        let Ok(permit) = port.permits.clone().acquire_owned().await else {
+            return;
+        };
+        let _ = tcp.set_nodelay(true);
+        let stopping = port.stopping.clone();
+        let stop = async move {
+            let mut stopping = stopping;
+            let _ = stopping.wait_for(|s| *s).await;
+        };
+        tokio::spawn(serve(tcp, permit, PortHandle::of(port), stop));
+        taken += 1;
+    }
+    if taken > 0 {
+        tracing::info!(
+            port = port.name,
+            connections = taken,
+            "shutting down: took the backlog"
+        );
+    }
+}
+
+/// How long the accept loop waits for the slot of an idle connection it closed at the cap
+/// (it closes within milliseconds) before it reports the port at its cap.
+const EVICTION_WAIT: Duration = Duration::from_millis(500);
+
+/// A free slot on the port; at the cap, the slot of the idle connection that waited longest,
+/// closed for it; else waiting, not ready meanwhile. `None` once `until` resolves.
 async fn permit(
     port: &Port,
-    until: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    mut until: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Option<OwnedSemaphorePermit> {
     if let Ok(p) = port.permits.clone().try_acquire_owned() {
         return Some(p);
+    }
+    while port.connections.evict_oldest_idle() {
+        tokio::select! {
+            _ = until.as_mut() => return None,
+            freed = tokio::time::timeout(EVICTION_WAIT, port.permits.clone().acquire_owned()) => {
+                if let Ok(Ok(p)) = freed {
+                    return Some(p);
+                }
+            }
+        }
     }
     port.state
         .metrics
@@ -136,6 +248,7 @@ struct PortHandle {
     tls: Option<TlsAcceptor>,
     bounds: connection::Bounds,
     state: Arc<AppState>,
+    connections: Arc<Connections>,
 }
 
 impl PortHandle {
@@ -146,6 +259,7 @@ impl PortHandle {
             tls: port.tls.clone(),
             bounds: port.bounds,
             state: port.state.clone(),
+            connections: port.connections.clone(),
         }
     }
 }
@@ -165,7 +279,10 @@ async fn serve(
         tls,
         bounds,
         state,
+        connections,
     } = port;
+    let activity = Arc::new(connection::Activity::default());
+    let _registered = connections.add(activity.clone());
     let m = &state.metrics;
     let open = m
         .connections_open
@@ -173,13 +290,13 @@ async fn serve(
         .clone();
     open.inc();
     match tls {
-        None => connection::serve(tcp, false, app, bounds, m, name, stop).await,
+        None => connection::serve(tcp, false, activity, app, bounds, m, name, stop).await,
         Some(acceptor) => match tokio::time::timeout(bounds.header, acceptor.accept(tcp)).await {
             Ok(Ok(tls)) => {
                 // ALPN decides the protocol: no sniffing of the first bytes, which would wait
                 // for a silent client.
                 let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                connection::serve(tls, h2, app, bounds, m, name, stop).await;
+                connection::serve(tls, h2, activity, app, bounds, m, name, stop).await;
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
             Err(_) => {

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use super::{
     AppState,
     args::Timing,
-    listener::{Port, accept_loop},
+    listener::{Port, accept_backlog, accept_loop},
     logging::flush_log,
 };
 
@@ -99,7 +99,7 @@ pub(super) async fn drain(
     if !timing.drain_delay.is_zero() {
         accept_loop(&listener, webhook, tokio::time::sleep(timing.drain_delay)).await;
     }
-    drop(listener);
+    accept_backlog(listener, webhook).await;
     let _ = stop_webhook.send(true);
     tokio::select! {
         _ = webhook.closed() => tracing::info!("all connections closed"),

@@ -24,7 +24,11 @@ use super::{
     },
     with_json_errors,
 };
-use crate::{decision::Decision, review};
+use crate::{
+    decision::Decision,
+    echo::{self, ForLog},
+    review,
+};
 
 /// The webhook port's router.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -317,16 +321,16 @@ fn record_workload(m: &Metrics, h: &review::Handled<'_>) {
     let workload = format!("{}/{}", h.subject.kind, h.subject.name);
     match d.denial() {
         Some(denial) if !d.allowed() => {
-            tracing::info!(uid = %h.uid, namespace = %h.namespace, workload = %workload, dry_run = h.dry_run,
-                reason = denial.reason.as_str(), denial = %denial.message, "workload denied");
+            tracing::info!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), workload = %ForLog::name(&workload), dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %ForLog(denial.message.as_str(), echo::MESSAGE_LIMIT), "workload denied");
         }
         Some(denial) => {
-            tracing::warn!(uid = %h.uid, namespace = %h.namespace, workload = %workload, dry_run = h.dry_run,
-                reason = denial.reason.as_str(), denial = %denial.message,
+            tracing::warn!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), workload = %ForLog::name(&workload), dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %ForLog(denial.message.as_str(), echo::MESSAGE_LIMIT),
                 "workload admitted; its pods will get no volumes (onError: warn)");
         }
         None => {
-            tracing::debug!(uid = %h.uid, namespace = %h.namespace, workload = %workload,
+            tracing::debug!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), workload = %ForLog::name(&workload),
                 volumes = %Volumes(d.injected()), "workload allowed");
         }
     }
@@ -345,9 +349,9 @@ fn record_audit(m: &Metrics, h: &review::Handled<'_>) {
             })
             .inc();
     }
-    tracing::info!(uid = %h.uid, namespace = %h.namespace, kind = h.subject.kind, name = %h.subject.name,
+    tracing::info!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), kind = h.subject.kind, name = %ForLog::name(&h.subject.name),
         dry_run = h.dry_run, sources = %audit.sources.join(","), result = audit.result,
-        audit = %audit.message, "audited");
+        audit = %ForLog(audit.message.as_str(), echo::MESSAGE_LIMIT), "audited");
 }
 
 /// The decision in the metrics and the decision log.
@@ -376,23 +380,23 @@ fn record(m: &Metrics, h: &review::Handled<'_>) {
                     reason: denial.reason.as_str(),
                 })
                 .inc();
-            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h),
-                dry_run = h.dry_run, reason = denial.reason.as_str(), denial = %denial.message, "denied");
+            tracing::info!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), pod = %ForLog::name(&h.subject.name), owner = %ForLog::name(&owner(h)),
+                dry_run = h.dry_run, reason = denial.reason.as_str(), denial = %ForLog(denial.message.as_str(), echo::MESSAGE_LIMIT), "denied");
         }
         Decision::AdmittedDespiteError { denial, .. } => {
             m.denials
                 .get_or_create(&ReasonLabel { reason: d.label() })
                 .inc();
-            tracing::warn!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h), dry_run = h.dry_run,
-                reason = denial.reason.as_str(), denial = %denial.message,
+            tracing::warn!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), pod = %ForLog::name(&h.subject.name), owner = %ForLog::name(&owner(h)), dry_run = h.dry_run,
+                reason = denial.reason.as_str(), denial = %ForLog(denial.message.as_str(), echo::MESSAGE_LIMIT),
                 "admitted without volumes (onError: warn)");
         }
         Decision::Mutated { injected, .. } => {
-            tracing::info!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, owner = %owner(h), dry_run = h.dry_run,
+            tracing::info!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), pod = %ForLog::name(&h.subject.name), owner = %ForLog::name(&owner(h)), dry_run = h.dry_run,
                 volumes = %Volumes(injected), "mutated");
         }
         Decision::Unchanged { .. } => {
-            tracing::debug!(uid = %h.uid, namespace = %h.namespace, pod = %h.subject.name, "unchanged");
+            tracing::debug!(uid = %ForLog::name(h.uid), namespace = %ForLog::name(&*h.namespace), pod = %ForLog::name(&h.subject.name), "unchanged");
         }
     }
 }
