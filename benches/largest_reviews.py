@@ -27,13 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 API_SERVER_BODY_LIMIT = 3 * 1024 * 1024
 
 
-def largest_review() -> bytes:
-    value = "x" * 4000
-    env = [{"name": f"V{i}", "value": value} for i in range((API_SERVER_BODY_LIMIT - 64 * 1024) // 4030)]
+def largest_review(shape: str = "env") -> bytes:
+    """`env`: one container with long environment values (what a real large pod looks like);
+    `containers`: the most minimal containers that fit (the view's worst bytes-to-memory
+    ratio: benches/README.md, "Worst-case inputs")."""
+    room = API_SERVER_BODY_LIMIT - 64 * 1024
+    if shape == "containers":
+        containers = [{"name": f"c{i}"} for i in range(room // 16)]
+    else:
+        value = "x" * 4000
+        env = [{"name": f"V{i}", "value": value} for i in range(room // 4030)]
+        containers = [{"name": "main", "image": "busybox", "env": env}]
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"generateName": "nf-", "namespace": "default",
                         "annotations": {"ephemeral-volumes.io/scratch": "type=emptyDir,mountPath=/scratch,size=1Gi"}},
-           "spec": {"containers": [{"name": "main", "image": "busybox", "env": env}]}}
+           "spec": {"containers": containers}}
     return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
@@ -66,6 +74,8 @@ def main() -> int:
     ap.add_argument("--binary", type=Path, default=ROOT / "target/release/ephemeral-volume-injector")
     ap.add_argument("--senders", default="1,4,16,32,64")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of N at once, per step")
+    ap.add_argument("--shape", choices=["env", "containers"], default="env",
+                    help="what fills the review (largest_review's docstring)")
     args = ap.parse_args()
     if args.binary == ROOT / "target/release/ephemeral-volume-injector":
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "ephemeral-volume-injector"], cwd=ROOT,
@@ -85,7 +95,7 @@ def main() -> int:
             except OSError:
                 time.sleep(0.1)
         ctx = ssl.create_default_context(cafile=str(work / f"ephemeral-volume-injector-{port}-ca.crt"))
-        body = largest_review()
+        body = largest_review(args.shape)
         print(f"review {len(body) / 2**20:.2f} MiB; idle peak RSS {peak_kib(proc.pid) / 1024:.1f} MiB")
         print("| senders at once | answers | peak RSS |\n|---|---|---|")
         for n in map(int, args.senders.split(",")):

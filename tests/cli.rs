@@ -972,3 +972,42 @@ fn serve_writes_its_ca_only_once_it_holds_its_port_to_a_file_named_after_it() {
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
 }
+
+#[test]
+fn mutate_says_once_what_a_label_selected_override_cannot_decide_without_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "rules:\n  - name: scratch\n    volumes:\n      s: type=emptyDir,size=1Gi,mountPath=/s\n\
+         policyOverrides:\n  - name: team\n    namespaceSelector: {matchLabels: {team: a}}\n    policy: {maxVolumesPerPod: 1}\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    // Two pods, neither asking for a volume itself: both get the rule's volume.
+    let quiet = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]}})
+    .to_string();
+    let two = format!("{quiet}\n---\n{quiet}\n");
+    let out = run(
+        &["mutate", "-", "--config", &config, "-o", "patch"],
+        Some(&two),
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("policyOverrides select namespaces by label")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(text(&out.stdout).contains("/s"), "{}", text(&out.stdout));
+    // One that asks for a volume itself is refused until the labels are known.
+    let out = run(
+        &["mutate", "-", "--config", &config],
+        Some(&pod_with("type=emptyDir,size=1Gi,mountPath=/v")),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("try again in a moment"));
+}

@@ -76,6 +76,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn readiness_waits_for_the_namespace_list_while_it_is_awaited() {
+        let w = Arc::new(crate::server::watch::ClusterWatch::new());
+        let state = crate::server::test_state_watching("", Some(w.clone()));
+        assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
+        // A configuration that selects namespaces by label came into force.
+        w.await_namespaces(true);
+        let (status, _, body) = get(&state, "GET", "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("waiting for the Namespace list"), "{body}");
+        // The list arrived: ready.
+        w.namespaces_arrived();
+        assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
+        // Or it never did, and the sync timeout passed: ready all the same.
+        let w = Arc::new(crate::server::watch::ClusterWatch::new());
+        let state = crate::server::test_state_watching("", Some(w.clone()));
+        w.await_namespaces(true);
+        assert_eq!(
+            get(&state, "GET", "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        w.await_namespaces(false);
+        assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
     async fn readiness_says_why_it_is_not_ready() {
         let state = test_state("");
         assert_eq!(get(&state, "GET", "/healthz").await.0, StatusCode::OK);

@@ -583,6 +583,15 @@ fn json_error(code: StatusCode, message: &str) -> Response {
 /// certificate and this configuration.
 #[cfg(test)]
 pub(crate) fn test_state(config: &str) -> Arc<AppState> {
+    test_state_watching(config, None)
+}
+
+/// [`test_state`] with the cluster seen through `cluster`.
+#[cfg(test)]
+pub(crate) fn test_state_watching(
+    config: &str,
+    cluster: Option<Arc<watch::ClusterWatch>>,
+) -> Arc<AppState> {
     let pair = tls::self_signed(&["localhost"]).unwrap();
     let loaded = tls::load_pem(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()).unwrap();
     Arc::new(AppState {
@@ -594,7 +603,7 @@ pub(crate) fn test_state(config: &str) -> Arc<AppState> {
         max_body_bytes: 1 << 20,
         body_budget: BodyBudget::new(32 << 20),
         body_timeout: Duration::from_secs(5),
-        cluster: None,
+        cluster,
         cluster_ready: AtomicBool::new(true),
         no_client: None,
         tls_ready: AtomicBool::new(true),

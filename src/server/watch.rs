@@ -96,6 +96,19 @@ impl ClusterWatch {
             && !self.namespaces_synced.load(Ordering::SeqCst)
     }
 
+    /// A configuration that selects namespaces by label is in force: readiness waits for
+    /// their list (for at most the sync timeout: [`watch`] ends the wait).
+    #[cfg(test)]
+    pub(crate) fn await_namespaces(&self, awaited: bool) {
+        self.namespaces_awaited.store(awaited, Ordering::SeqCst);
+    }
+
+    /// The Namespace list arrived.
+    #[cfg(test)]
+    pub(crate) fn namespaces_arrived(&self) {
+        self.namespaces_synced.store(true, Ordering::SeqCst);
+    }
+
     /// Resolves once [`complete`](Self::complete).
     pub async fn wait_complete(&self) {
         loop {

@@ -753,7 +753,7 @@ def test_an_inflight_body_budget_below_the_body_limit_is_refused_as_the_webhook_
     assert p.returncode != 0
     assert "server.maxInflightBodyBytes (1048576) must be at least server.maxBodyBytes (4194304)" in p.stderr, p.stderr
     (c,) = deployment(render())["spec"]["template"]["spec"]["containers"]
-    assert "--max-inflight-body-bytes=33554432" in c["args"], c["args"]
+    assert "--max-inflight-body-bytes=8388608" in c["args"], c["args"]
 
 
 def test_policy_overrides_by_label_grant_the_namespace_watch_and_nothing_else():

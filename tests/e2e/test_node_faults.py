@@ -490,7 +490,7 @@ def test_a_flood_of_the_largest_reviews_waits_for_room_and_a_replica_killed_anyw
         cluster, node, published, image, tmp_path):
     """One replica flooded with the largest reviews the API server can send (3 MiB; 16 senders
     at once, straight to its address) while pods that ask are created through the API server
-    every 0.2 s. With the chart's limits (192 MiB; bodies held at once capped at 32 MiB) it
+    every 0.2 s. With the chart's limits (192 MiB; bodies held at once capped at 8 MiB) it
     is never killed: the flood waits for room, its peak RSS is measured, nothing is refused.
     With the cap raised past what the limit holds (256 MiB of bodies under 64 MiB) the kernel
     kills it: the other replica serves, the kubelet restarts it, and the only pods refused are
@@ -573,5 +573,97 @@ def test_a_flood_of_the_largest_reviews_waits_for_room_and_a_replica_killed_anyw
             assert any(c in o[3] for c in cut), o[3]
             assert o[0] < back, "a pod refused after the restarted replica served again"
         assert rel.dry_run(rel.asking_pod()).returncode == 0
+    finally:
+        cluster.helm("uninstall", rel.name, "-n", RELEASE_NS, "--wait", check=False)
+
+
+TENANT_NS = "nf-tenant"
+
+
+def worst_pods(rel: Release) -> list[tuple[str, dict, str, str]]:
+    """The pods a tenant who may only create pods writes to hurt (tests/complexity.rs's
+    families, as large as the API server passes them to admission), each with the status
+    reason and the words of its documented refusal (docs/operations.md, "Bounds of one
+    review")."""
+    p = rel.prefix
+    hundred = [{"name": f"c{i}", "image": "busybox"} for i in range(100)]
+    many = {f"{p}/v{i}": f"type=emptyDir,size=1Gi,mountPath=/v{i}" for i in range(3000)}
+    long_key = json.dumps({"type": "emptyDir", "mountPath": "/s", "x": {"k" * 400_000: [0] * 200_000}})
+    wide = [{"name": f"c{i}", "image": "busybox"} for i in range(6000)]
+    return [
+        ("3,000 volume annotations, 100 containers",
+         pod(namespace=TENANT_NS, annotations=many, containers=hundred),
+         "Forbidden", "a pod may ask for at most 64 volumes"),
+        (f"a {len(long_key) / 2**20:.1f} MiB JSON value, one long key over a long array",
+         pod(namespace=TENANT_NS, annotations={f"{p}/s": long_key}),
+         "BadRequest", "more than the 16384 a volume annotation may have"),
+        ("one volume and a variable for each of 6,000 containers",
+         pod(namespace=TENANT_NS, annotations={f"{p}/s": "type=emptyDir,size=1Gi,mountPath=/s,env=TMPDIR"},
+             containers=wide),
+         "Forbidden", "more than the 10000 the API server accepts"),
+    ]
+
+
+def test_a_tenants_flood_of_the_worst_pods_is_refused_and_nobody_else_notices(
+        cluster, node, published, image, tmp_path):
+    """A tenant floods the worst pods there are through the API server (four senders at once,
+    for 30 s) while another namespace creates Nextflow-shaped Jobs and their pods at a steady
+    rate: every flood pod is refused with its documented 4xx, none of the other namespace's is,
+    and neither replica restarts or reports unready (its /readyz sampled throughout)."""
+    from test_job_mode import nextflow_job
+
+    rel = install(cluster, published, tmp_path, "evi-flood", {})
+    cluster.namespace(TENANT_NS)
+    try:
+        worst = worst_pods(rel)
+        replicas = {p["metadata"]["name"]: p["status"]["podIP"] for p in rel.pods()}
+        assert len(replicas) == 2, replicas
+        job = nextflow_job("nf-steady", {f"{rel.prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"})
+        job["metadata"]["namespace"] = NS
+        stop = threading.Event()
+        flood: dict[str, list[str]] = {name: [] for name, *_ in worst}
+        unready: list[tuple[str, int]] = []
+
+        def send(offset: int):
+            i = offset
+            while not stop.is_set():
+                name, obj, *_ = worst[i % len(worst)]
+                out = cluster.kubectl("create", "--dry-run=server", "-o", "name", "--request-timeout=20s", "-f", "-",
+                                      input=json.dumps(obj), check=False)
+                flood[name].append("admitted" if out.returncode == 0 else out.stderr.strip())
+                i += 1
+
+        def watch_readiness():
+            while not stop.is_set():
+                for name, ip in replicas.items():
+                    if (status := readyz(ip)) != 200:
+                        unready.append((name, status))
+                stop.wait(0.5)
+
+        with SteadyCreator(cluster, rel.asking_pod(), interval=0.2, request_timeout="10s") as pods, \
+                SteadyCreator(cluster, job, interval=0.5, request_timeout="10s") as jobs:
+            threads = [threading.Thread(target=send, args=(k,), daemon=True) for k in range(4)]
+            threads.append(threading.Thread(target=watch_readiness, daemon=True))
+            for t in threads:
+                t.start()
+            time.sleep(30)
+            stop.set()
+            for t in threads:
+                t.join(60)
+            pods.wait_sent(pods.sent + 3)
+        restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
+                    for p in rel.pods(ready=False)}
+        print("\na tenant's flood for 30 s: " + "; ".join(f"{name}: {len(out)} sent" for name, out in flood.items())
+              + f"; the other namespace: {pods.sent} pods and {jobs.sent} Jobs sent, "
+              f"{pods.refused + jobs.refused} refused; restarts {restarts}; unready samples {len(unready)}")
+        assert pods.refused == 0, pods.errors[:3]
+        assert jobs.refused == 0, jobs.errors[:3]
+        assert pods.sent > 20 and jobs.sent > 10
+        assert set(restarts) == set(replicas) and not any(restarts.values()), restarts
+        assert not unready, unready[:5]
+        for name, reason, words in ((n, r, w) for n, _, r, w in worst):
+            assert flood[name], f"{name}: never sent"
+            for out in flood[name]:
+                assert f"({reason})" in out and words in out, f"{name}: {out[-400:]}"
     finally:
         cluster.helm("uninstall", rel.name, "-n", RELEASE_NS, "--wait", check=False)
