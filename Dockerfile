@@ -32,6 +32,8 @@ COPY benches ./benches
 # What the profile of the optimised build is trained on (release/pgo.py, as `make release-binaries`).
 COPY release/pgo.py ./release/pgo.py
 COPY tests/golden ./tests/golden
+# Named by Cargo.toml ([[test]] golden): without it Cargo cannot read the manifest.
+COPY tests/golden.rs ./tests/golden.rs
 COPY tests/data/config.yaml ./tests/data/config.yaml
 RUN case "$TARGETARCH" in \
       amd64) target=x86_64-unknown-linux-musl ;; \

@@ -1,0 +1,71 @@
+"""The Dockerfile's from-source build stage, as far as this machine can check it (no base image
+can be pulled here): the build context .dockerignore leaves, with what the stage COPYs of it,
+must be a crate Cargo can read — every target Cargo.toml names is there."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ignored(path: str, rules: list[str]) -> bool:
+    """Docker's rule: the last pattern that matches the path or one of its parents decides."""
+    parts = path.split("/")
+    out = False
+    for rule in rules:
+        negate = rule.startswith("!")
+        pattern = rule.lstrip("!")
+        if any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            out = not negate
+    return out
+
+
+def build_stage_copies() -> list[tuple[list[str], str]]:
+    """The build stage's `COPY <sources…> <dest>` lines (the stage before the next FROM)."""
+    copies, in_build = [], False
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            in_build = " AS build" in line
+        elif in_build and line.startswith("COPY "):
+            *sources, dest = line.split()[1:]
+            copies.append((sources, dest))
+    return copies
+
+
+def test_the_build_stage_gets_a_crate_cargo_can_read(tmp_path):
+    rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    context = tmp_path / "src"
+    context.mkdir()
+    for sources, dest in build_stage_copies():
+        for source in sources:
+            for path in [ROOT / source] if (ROOT / source).is_file() else sorted((ROOT / source).rglob("*")):
+                rel = path.relative_to(ROOT).as_posix()
+                if path.is_dir() or ignored(rel, rules):
+                    continue
+                # `COPY a b c ./` keeps each file's name; `COPY dir ./dir` its tree.
+                target = context / (Path(dest) / path.name if len(sources) > 1 else
+                                    Path(dest) / path.relative_to(ROOT / source) if (ROOT / source).is_dir()
+                                    else Path(dest))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, target)
+    # A build of a binary that does not exist: Cargo reads the whole manifest and every target
+    # it names first (where a missing one stops it), then stops at once, compiling nothing.
+    p = subprocess.run(["cargo", "build", "--offline", "--bin", "no-such-binary"], cwd=context,
+                       capture_output=True, text=True, env=dict(os.environ, CARGO_TARGET_DIR=str(tmp_path / "t")))
+    assert "no bin target named `no-such-binary`" in p.stderr, p.stderr
+    # And what the build stage trains its profile on is there.
+    assert (context / "release/pgo.py").is_file() and (context / "tests/golden").is_dir()
+
+
+def test_the_dockerignore_rule_is_dockers():
+    rules = ["tests", "!tests/golden", "!tests/golden.rs", "*.md"]
+    assert ignored("tests/server.rs", rules)
+    assert not ignored("tests/golden.rs", rules)
+    assert not ignored("tests/golden/case/input.json", rules)
+    assert ignored("README.md", rules)
