@@ -27,7 +27,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAMILIES = ["json-long-key", "json-deep-values", "many-annotations", "many-volume-annotations",
-            "near-miss-annotations", "volumes-x-containers", "containers", "mounts",
+            "near-miss-annotations", "prefix-length-keys", "volumes-x-containers", "containers", "mounts",
             "containers-list", "huge-names", "job-update"]
 STEPS = 5
 MAX_RATIO = 2.3

@@ -167,6 +167,20 @@ fn families() -> Vec<Family> {
                 pod_review(&pod(Value::Object(annotations), json!([container("main")])))
             },
         },
+        // Keys of the prefix's length, each prefix another: each is measured against the
+        // configured prefix.
+        Family {
+            name: "prefix-length-keys",
+            endpoint: Mutate,
+            per_kib: MAX_PER_KIB,
+            review: |n| {
+                let mut annotations: serde_json::Map<String, Value> = (0..grown(1000, n))
+                    .map(|i| (format!("ephemeral-volum{i:05}/v"), json!("x")))
+                    .collect();
+                annotations.insert("ephemeral-volumes.io/scratch".into(), json!(SCRATCH));
+                pod_review(&pod(Value::Object(annotations), json!([container("main")])))
+            },
+        },
         // The most volumes a pod may ask for, times a growing number of containers.
         Family {
             name: "volumes-x-containers",

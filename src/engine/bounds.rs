@@ -28,6 +28,10 @@ pub const MAX_PATCH_BYTES: usize = 1024 * 1024;
 /// server keeps 4 KiB of them.
 pub const MAX_WARNINGS: usize = 16;
 
+/// The most distinct annotation prefixes compared with the configured one for near-miss hints
+/// (`ephemeral-volume.io/…`): a hint is a courtesy, and each comparison is an edit distance.
+pub const MAX_PREFIXES_MEASURED: usize = 256;
+
 /// More volume annotations than [`MAX_VOLUMES`]: refused before any is read.
 pub(super) fn annotations(count: usize, prefix: &str) -> Result<(), Denial> {
     if count > MAX_VOLUMES {

@@ -283,15 +283,36 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
     let mut hints = Vec::new();
     let mut unwritten = 0;
     let prefix = cfg.prefix.as_str();
+    // As `validate::closest` allows: one edit for a short prefix, two for a longer one.
+    let limit = if prefix.len() <= 4 { 1 } else { 2 };
+    // The last prefix looked at and whether it was a near miss: keys of one prefix (the
+    // usual way a misspelt prefix comes, once per volume) are measured once.
+    let mut last: Option<(&str, bool)> = None;
+    // And at most this many are measured in all: hints are a courtesy, and a pod of thousands
+    // of keys of the prefix's length, each another, would otherwise cost a distance each.
+    let mut measured = 0;
     for key in pod.annotations().into_iter().flatten().map(|(k, _)| &**k) {
         let Some((other, name)) = validate::split_once_byte(key, b'/') else {
             continue;
         };
-        // A cheap length test first: most keys are nowhere near.
-        if other != prefix
-            && other.len().abs_diff(prefix.len()) <= 2
-            && validate::closest(other, [prefix]).is_some()
-        {
+        let near = match last {
+            Some((seen, near)) if seen == other => near,
+            _ if measured >= bounds::MAX_PREFIXES_MEASURED => break,
+            _ => {
+                measured += 1;
+                // A cheap length test first: most keys are nowhere near. Then the optimal
+                // string alignment distance (adjacent transpositions count once, as in
+                // `validate::closest`), which allocates three short rows where
+                // Damerau–Levenshtein builds a map and a matrix.
+                let near = other != prefix
+                    && other.len().abs_diff(prefix.len()) <= 2
+                    && (other.eq_ignore_ascii_case(prefix)
+                        || strsim::osa_distance(other, prefix) <= limit);
+                last = Some((other, near));
+                near
+            }
+        };
+        if near {
             // More than a response carries are counted, not written.
             if hints.len() >= bounds::MAX_WARNINGS {
                 unwritten += 1;
