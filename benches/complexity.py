@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FAMILIES = ["json-long-key", "json-deep-values", "many-annotations", "many-volume-annotations",
+FAMILIES = ["json-long-key", "json-deep-values", "json-nested-values", "many-annotations", "many-volume-annotations",
             "near-miss-annotations", "prefix-length-keys", "volumes-x-containers", "containers", "mounts",
             "containers-list", "huge-names", "job-update"]
 STEPS = 5

@@ -107,25 +107,41 @@ impl<'de> serde::Deserialize<'de> for NoDuplicates {
 }
 
 /// One step of the path to a value: a key of an object, or a position in an array.
-enum Step {
-    Key(String),
+enum Step<K = String> {
+    Key(K),
     Index(usize),
 }
 
 /// The path of `steps` as the error names it (`a.b[2].c`).
-fn path_text(steps: &[Step]) -> String {
+fn path_text<K: AsRef<str>>(steps: &[Step<K>]) -> String {
     let mut out = String::new();
     for step in steps {
         match step {
-            Step::Key(k) if out.is_empty() => out.push_str(k),
+            Step::Key(k) if out.is_empty() => out.push_str(k.as_ref()),
             Step::Key(k) => {
                 out.push('.');
-                out.push_str(k);
+                out.push_str(k.as_ref());
             }
             Step::Index(i) => out.push_str(&format!("[{i}]")),
         }
     }
     out
+}
+
+/// The deepest a JSON value nests (objects and arrays): a Kubernetes volume source nests 8
+/// deep at most (`ephemeral.volumeClaimTemplate.spec.selector.matchExpressions[0].values[0]`),
+/// and every level of a deeper one costs a tree node per byte or two.
+pub const MAX_JSON_DEPTH: usize = 16;
+
+/// An object or array at `path` that would nest past [`MAX_JSON_DEPTH`].
+fn too_deep<E: serde::de::Error>(path: &[Step]) -> Result<(), E> {
+    if path.len() >= MAX_JSON_DEPTH {
+        return Err(E::custom(format!(
+            "the JSON nests deeper than {MAX_JSON_DEPTH} levels (at {})",
+            crate::echo::bounded(&path_text(path), crate::echo::VALUE_LIMIT)
+        )));
+    }
+    Ok(())
 }
 
 struct DupVisitor<'p> {
@@ -148,6 +164,7 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        too_deep(self.path)?;
         let mut seen = std::collections::HashSet::new();
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             let key = key.into_owned();
@@ -168,6 +185,7 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        too_deep(self.path)?;
         let mut i = 0;
         loop {
             self.path.push(Step::Index(i));
@@ -210,11 +228,12 @@ pub fn from_json_strict<T>(field: &str, json: &Value) -> Result<T, Invalid>
 where
     T: DeserializeOwned + serde::Serialize,
 {
-    let typed: T =
-        serde_json::from_value(json.clone()).map_err(|e| Invalid(format!("{field}: {e}")))?;
+    // Read from the tree where it is (a `&Value` is a deserializer): no copy of it.
+    let typed: T = T::deserialize(json).map_err(|e| Invalid(format!("{field}: {e}")))?;
     let back = serde_json::to_value(&typed).map_err(|e| Invalid(format!("{field}: {e}")))?;
     let mut unknown = Vec::new();
-    unknown_fields(json, &back, field, &mut unknown);
+    let mut path = vec![Step::Key(field)];
+    unknown_fields(json, &back, &mut path, &mut unknown);
     if unknown.is_empty() {
         Ok(typed)
     } else {
@@ -226,21 +245,32 @@ where
     }
 }
 
-fn unknown_fields(input: &Value, known: &Value, path: &str, out: &mut Vec<String>) {
+/// The paths of `input` that `known` (the same value read into its type and written back)
+/// lacks, into `out`. The path is one stack of steps, written out only for a field reported:
+/// linear in the value, whatever its depth.
+fn unknown_fields<'v>(
+    input: &'v Value,
+    known: &Value,
+    path: &mut Vec<Step<&'v str>>,
+    out: &mut Vec<String>,
+) {
     match (input, known) {
         (Value::Object(i), Value::Object(k)) => {
             for (key, v) in i {
-                let here = format!("{path}.{key}");
+                path.push(Step::Key(key.as_str()));
                 match k.get(key) {
-                    Some(kv) => unknown_fields(v, kv, &here, out),
+                    Some(kv) => unknown_fields(v, kv, path, out),
                     None if v.is_null() => {}
-                    None => out.push(here),
+                    None => out.push(path_text(path)),
                 }
+                path.pop();
             }
         }
         (Value::Array(i), Value::Array(k)) => {
             for (n, (iv, kv)) in i.iter().zip(k).enumerate() {
-                unknown_fields(iv, kv, &format!("{path}[{n}]"), out);
+                path.push(Step::Index(n));
+                unknown_fields(iv, kv, path, out);
+                path.pop();
             }
         }
         _ => {}
@@ -475,6 +505,30 @@ pub fn env_name(s: &str) -> Result<(), Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_is_read_to_sixteen_levels_and_refused_deeper_naming_where() {
+        let nested = |depth: usize| format!("{}0{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(parse_json_strict(&nested(MAX_JSON_DEPTH)).is_ok());
+        let deep = parse_json_strict(&format!(r#"{{"emptyDir": {{"x": {}}}}}"#, nested(40)));
+        assert_eq!(
+            deep,
+            Err(Invalid(
+                "the JSON nests deeper than 16 levels (at emptyDir.x[0][0][0][0][0][0][0][0][0][0][0][0][0][0])"
+                    .into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_repeated_key_is_named_by_its_path_however_long_the_document() {
+        let long = "k".repeat(100_000);
+        let text = format!(r#"{{"a": [{{"{long}": [0, 0]}}, {{"b": 1, "b": 2}}]}}"#);
+        assert_eq!(
+            parse_json_strict(&text),
+            Err(Invalid("field a[1].b is given twice".into()))
+        );
+    }
 
     #[test]
     fn trim_is_strs_trim() {

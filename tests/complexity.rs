@@ -92,7 +92,7 @@ fn families() -> Vec<Family> {
                 ))
             },
         },
-        // Many volume annotations in the JSON form, each nested deep: the parser at its most.
+        // Many volume annotations in the JSON form, each nested 100 deep: refused at 16.
         Family {
             name: "json-deep-values",
             endpoint: Mutate,
@@ -104,6 +104,32 @@ fn families() -> Vec<Family> {
                 let inner = format!("{}0{}", "[".repeat(depth), "]".repeat(depth));
                 let items: Vec<&str> =
                     std::iter::repeat_n(inner.as_str(), per / inner.len()).collect();
+                let value = format!(
+                    r#"{{"type":"emptyDir","mountPath":"/s","emptyDir":{{"x":[{}]}}}}"#,
+                    items.join(",")
+                );
+                let annotations: serde_json::Map<String, Value> = (0..count)
+                    .map(|i| {
+                        (
+                            format!("ephemeral-volumes.io/v{i}"),
+                            Value::String(value.clone()),
+                        )
+                    })
+                    .collect();
+                pod_review(&pod(Value::Object(annotations), json!([container("main")])))
+            },
+        },
+        // The same, nested as deep as a value may (16): arrays of one-element arrays.
+        Family {
+            name: "json-nested-values",
+            endpoint: Mutate,
+            per_kib: JSON_FORM_PER_KIB,
+            review: |n| {
+                let count = grown(1, n).min(64);
+                let per = grown(15 * 1024, n) / count;
+                let inner = format!("{}0{}", "[".repeat(13), "]".repeat(13));
+                let items: Vec<&str> =
+                    std::iter::repeat_n(inner.as_str(), per / (inner.len() + 1)).collect();
                 let value = format!(
                     r#"{{"type":"emptyDir","mountPath":"/s","emptyDir":{{"x":[{}]}}}}"#,
                     items.join(",")
