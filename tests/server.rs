@@ -1174,3 +1174,38 @@ async fn twenty_stops_under_load_fail_no_request_on_a_handshaken_connection() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_can_neither_forge_nor_flood_a_line_of_the_text_log() {
+    let server = Server::start(&["--log-format", "text"], None, dir());
+    let (mut pod, _) = nextflow_review("forge");
+    let forged = "2026-12-04T00:00:00.000000Z  INFO forged: admitted";
+    // Nextflow's Job mode: no name, only generateName, which the decision line shows.
+    pod["metadata"].as_object_mut().unwrap().remove("name");
+    pod["metadata"]["generateName"] =
+        json!(format!("nf-\n{forged}\u{1b}[31m{}", "x".repeat(100_000)));
+    let request = common::review_for(&pod, "nf", "forge-uid");
+    review(&server, Proto::H1, &request).await;
+    server
+        .wait_log(
+            |l| l["raw"].as_str().is_some_and(|r| r.contains("forge-uid")),
+            Duration::from_secs(5),
+            "the decision line",
+        )
+        .await;
+    let lines: Vec<String> = server
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["raw"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !lines.iter().any(|l| l.starts_with(forged)),
+        "a forged line: {lines:?}"
+    );
+    let decision = lines.iter().find(|l| l.contains("forge-uid")).unwrap();
+    assert!(decision.contains("nf-\\n2026-12-04"), "{decision:.300}");
+    assert!(!decision.contains('\u{1b}'), "{decision:.300}");
+    assert!(decision.len() < 2048, "{} bytes", decision.len());
+}

@@ -91,6 +91,26 @@ pub struct Server {
     pub _dir: tempfile::TempDir,
 }
 
+/// A line of the text log as the JSON log's fields the harness reads: the line itself (`raw`),
+/// and for the `listening` line its message and addresses.
+fn text_line(line: &str) -> Value {
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    match (
+        line.contains(" listening"),
+        field("webhook="),
+        field("admin="),
+    ) {
+        (true, Some(webhook), Some(admin)) => {
+            json!({"raw": line, "message": "listening", "webhook": webhook, "admin": admin})
+        }
+        _ => json!({"raw": line}),
+    }
+}
+
 impl Server {
     pub fn start(extra: &[&str], ca_pem: Option<String>, dir: tempfile::TempDir) -> Server {
         let ca_out = dir.path().join("generated-ca.crt");
@@ -102,7 +122,11 @@ impl Server {
                 "--admin-listen",
                 "127.0.0.1:0",
             ])
-            .args(["--log-format", "json"])
+            .args(if extra.contains(&"--log-format") {
+                &[][..]
+            } else {
+                &["--log-format", "json"][..]
+            })
             .args(if extra.contains(&"--log-level") {
                 &[][..]
             } else {
@@ -122,7 +146,7 @@ impl Server {
             let logs = logs.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    let v: Value = serde_json::from_str(&line).unwrap_or(json!({"raw": line}));
+                    let v: Value = serde_json::from_str(&line).unwrap_or_else(|_| text_line(&line));
                     if v["message"] == "listening" {
                         let _ = tx.send(v.clone());
                     }
