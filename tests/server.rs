@@ -1209,3 +1209,61 @@ async fn a_pod_can_neither_forge_nor_flood_a_line_of_the_text_log() {
     assert!(!decision.contains('\u{1b}'), "{decision:.300}");
     assert!(decision.len() < 2048, "{} bytes", decision.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_and_ordinary_reviews_are_answered_while_the_largest_reviews_keep_every_worker_busy()
+{
+    let server = Server::start(&[], None, dir());
+    // The largest review of the costliest shape the API server can send: a pod of ~200,000
+    // minimal containers asking for a volume (refused by the patch bound, after the decode).
+    let containers: Vec<Value> = (0..200_000)
+        .map(|i| json!({"name": format!("c{i}")}))
+        .collect();
+    let (mut big, _) = nextflow_review("big");
+    big["spec"]["containers"] = Value::Array(containers);
+    let body = serde_json::to_vec(&common::review_for(&big, "nf", "big")).unwrap();
+    assert!(body.len() > 3 << 20, "{}", body.len());
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..4 {
+        let (stop, answered, body) = (stop.clone(), answered.clone(), body.clone());
+        let tls = connector(&server.ca_pem, Proto::H1);
+        let addr = server.webhook;
+        senders.push(tokio::spawn(async move {
+            let mut conn = connect(addr, &tls, Proto::H1).await.unwrap();
+            while !stop.load(Ordering::SeqCst) {
+                let (status, _) = conn.send("POST", "/mutate", body.clone()).await.unwrap();
+                assert_eq!(status, StatusCode::OK);
+                answered.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    // Probes as the kubelet sends them (a 1 s timeout each), and an ordinary review on a
+    // connection of its own, while the big ones keep coming.
+    let t = Instant::now();
+    let mut probes = 0;
+    while t.elapsed() < Duration::from_secs(6) {
+        for path in ["/healthz", "/readyz"] {
+            let (status, _) = tokio::time::timeout(Duration::from_secs(1), server.admin_get(path))
+                .await
+                .unwrap_or_else(|_| panic!("{path} took over the kubelet's 1 s timeout"));
+            assert_eq!(status, StatusCode::OK, "{path}");
+            probes += 1;
+        }
+        assert!(
+            served_within(&server, Duration::from_secs(10)).await,
+            "an ordinary review waited past the API server's timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for s in senders {
+        s.await.unwrap();
+    }
+    assert!(
+        answered.load(Ordering::SeqCst) >= 4,
+        "the large reviews were not being served"
+    );
+    assert!(probes > 10);
+}
