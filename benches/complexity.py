@@ -81,7 +81,7 @@ def main() -> int:
     failures = []
     for family in args.family or FAMILIES:
         counts = [instructions(binary, f"{family}:{step}") for step in range(STEPS + 1)]
-        worst = max((b / a) / ((sb / sa) / 2) for (a, sa), (b, sb) in zip(counts, counts[1:]))
+        worst = max((b / a) / ((sb / sa) / 2) for (a, sa), (b, sb) in zip(counts, counts[1:], strict=False))
         last, last_size = counts[-1]
         per_kib = last / (last_size / 1024)
         bound = args.json_per_kib if family.startswith("json-") else args.per_kib

@@ -74,6 +74,8 @@ def main() -> int:
     ap.add_argument("--binary", type=Path, default=ROOT / "target/release/ephemeral-volume-injector")
     ap.add_argument("--senders", default="1,4,16,32,64")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of N at once, per step")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="a flag for `serve` (repeatable), e.g. --serve-arg=--max-inflight-body-bytes=8388608")
     ap.add_argument("--shape", choices=["env", "containers"], default="env",
                     help="what fills the review (largest_review's docstring)")
     args = ap.parse_args()
@@ -84,7 +86,7 @@ def main() -> int:
     port, admin = 18443, 18080
     env = dict(os.environ, TMPDIR=str(work))
     proc = subprocess.Popen([str(args.binary), "serve", "--listen", f"127.0.0.1:{port}",
-                             "--admin-listen", f"127.0.0.1:{admin}"], env=env,
+                             "--admin-listen", f"127.0.0.1:{admin}", *args.serve_arg], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(work / "webhook.log", "wb"))
     try:
         deadline = time.monotonic() + 20

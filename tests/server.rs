@@ -1211,8 +1211,7 @@ async fn a_pod_can_neither_forge_nor_flood_a_line_of_the_text_log() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn probes_and_ordinary_reviews_are_answered_while_the_largest_reviews_keep_every_worker_busy()
-{
+async fn probes_and_ordinary_reviews_are_answered_under_a_flood_of_the_largest_reviews() {
     let server = Server::start(&[], None, dir());
     // The largest review of the costliest shape the API server can send: a pod of ~200,000
     // minimal containers asking for a volume (refused by the patch bound, after the decode).

@@ -70,6 +70,11 @@ pub(crate) struct AppState {
     pub max_body_bytes: usize,
     /// Room for request bodies held at once (--max-inflight-body-bytes), in KiB.
     pub body_budget: BodyBudget,
+    /// Reviews decided at once ([`reviews_at_once`]): what a review costs beyond its body (the
+    /// pod's view, up to ~20 times the body for the worst shape) is held by at most this many.
+    pub reviews: tokio::sync::Semaphore,
+    /// One review of a large body (over 256 KiB) at a time.
+    pub large_review: tokio::sync::Semaphore,
     pub body_timeout: Duration,
     /// The cluster as the watches see it; `None` without API access (checks off).
     pub cluster: Option<Arc<watch::ClusterWatch>>,
@@ -236,6 +241,8 @@ pub async fn serve(
         at_capacity: AtomicBool::new(false),
         max_body_bytes: args.max_body_bytes,
         body_budget: BodyBudget::new(args.max_inflight_body_bytes),
+        reviews: tokio::sync::Semaphore::new(reviews_at_once()),
+        large_review: tokio::sync::Semaphore::new(1),
         body_timeout: timing.body,
         cluster: watch.clone(),
         cluster_ready: AtomicBool::new(watch.is_none()),
@@ -360,6 +367,17 @@ pub async fn serve(
     admin_runtime.stop();
     Ok(())
 }
+
+/// How many reviews are decided at once: one per CPU the process may use, at most 4 (a review
+/// is CPU work of microseconds to milliseconds; more at once would only hold more memory).
+pub(crate) fn reviews_at_once() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .clamp(1, MAX_REVIEWS_AT_ONCE)
+}
+
+/// The most reviews decided at once, however many CPUs.
+pub(crate) const MAX_REVIEWS_AT_ONCE: usize = 4;
 
 /// A current-thread runtime on a thread of its own, for the admin port.
 struct AdminRuntime {
@@ -602,6 +620,8 @@ pub(crate) fn test_state_watching(
         at_capacity: AtomicBool::new(false),
         max_body_bytes: 1 << 20,
         body_budget: BodyBudget::new(32 << 20),
+        reviews: tokio::sync::Semaphore::new(reviews_at_once()),
+        large_review: tokio::sync::Semaphore::new(1),
         body_timeout: Duration::from_secs(5),
         cluster,
         cluster_ready: AtomicBool::new(true),

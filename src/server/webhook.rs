@@ -208,6 +208,20 @@ async fn review_at(
         Ok(b) => b,
         Err(response) => return response,
     };
+    // At most a few reviews at once (`AppState::reviews`): the others wait here, holding only
+    // their bodies (bounded by the body budget).
+    // A large body is decided alone among large ones: its view is the most memory one review
+    // can take (~20 times the body for the worst shape), so only one such is held at a time.
+    let _large = match body.len() as u64 > SMALL_BODY {
+        true => match state.large_review.acquire().await {
+            Ok(slot) => Some(slot),
+            Err(_) => return json_error(StatusCode::SERVICE_UNAVAILABLE, "no review slot"),
+        },
+        false => None,
+    };
+    let Ok(_slot) = state.reviews.acquire().await else {
+        return json_error(StatusCode::SERVICE_UNAVAILABLE, "no review slot");
+    };
     let start = Instant::now();
     let config = state.config.load();
     let m = &state.metrics;
@@ -218,14 +232,13 @@ async fn review_at(
             state: s,
             complete: *complete,
         });
-    // A review is CPU work (up to a few milliseconds for the largest bodies): on the
-    // multi-threaded runtime the worker hands its other connections to another thread first,
-    // so that no connection's I/O waits behind it.
-    let decide = || review::handle(&config, known, endpoint, &body);
-    let handled = match tokio::runtime::Handle::current().runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(decide),
-        _ => decide(),
-    };
+    // A review is CPU work, microseconds for a pod's few KiB and milliseconds for the largest
+    // bodies. It runs on this worker: large ones one at a time (above), so at most one worker
+    // is ever busy with one while the others (which steal this one's queued tasks) keep every
+    // connection's I/O moving, and the admin port has a thread of its own. (Not
+    // `block_in_place`: each review would run on another thread, and the allocator's
+    // per-thread caches would hold ~45 MiB more at the worst shape's peak.)
+    let handled = review::handle(&config, known, endpoint, &body);
     let response = match handled {
         Ok(h) => {
             match endpoint {
