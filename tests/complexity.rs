@@ -70,6 +70,28 @@ fn container(name: &str) -> Value {
     json!({"name": name, "image": "busybox"})
 }
 
+/// Up to 64 volume annotations in the JSON form, ~15 KiB each at the largest step (within the
+/// bound on one value), made of arrays nested `depth` deep under an unknown field.
+fn json_values(n: u32, depth: usize) -> Vec<u8> {
+    let count = grown(1, n).min(64);
+    let per = grown(15 * 1024, n) / count;
+    let inner = format!("{}0{}", "[".repeat(depth), "]".repeat(depth));
+    let items: Vec<&str> = std::iter::repeat_n(inner.as_str(), per / (inner.len() + 1)).collect();
+    let value = format!(
+        r#"{{"type":"emptyDir","mountPath":"/s","emptyDir":{{"x":[{}]}}}}"#,
+        items.join(",")
+    );
+    let annotations: serde_json::Map<String, Value> = (0..count)
+        .map(|i| {
+            (
+                format!("ephemeral-volumes.io/v{i}"),
+                Value::String(value.clone()),
+            )
+        })
+        .collect();
+    pod_review(&pod(Value::Object(annotations), json!([container("main")])))
+}
+
 const SCRATCH: &str = "type=emptyDir,size=1Gi,mountPath=/scratch,env=TMPDIR";
 
 fn families() -> Vec<Family> {
@@ -97,53 +119,14 @@ fn families() -> Vec<Family> {
             name: "json-deep-values",
             endpoint: Mutate,
             per_kib: JSON_FORM_PER_KIB,
-            review: |n| {
-                let count = grown(1, n).min(64);
-                let per = grown(15 * 1024, n) / count;
-                let depth = 100;
-                let inner = format!("{}0{}", "[".repeat(depth), "]".repeat(depth));
-                let items: Vec<&str> =
-                    std::iter::repeat_n(inner.as_str(), per / inner.len()).collect();
-                let value = format!(
-                    r#"{{"type":"emptyDir","mountPath":"/s","emptyDir":{{"x":[{}]}}}}"#,
-                    items.join(",")
-                );
-                let annotations: serde_json::Map<String, Value> = (0..count)
-                    .map(|i| {
-                        (
-                            format!("ephemeral-volumes.io/v{i}"),
-                            Value::String(value.clone()),
-                        )
-                    })
-                    .collect();
-                pod_review(&pod(Value::Object(annotations), json!([container("main")])))
-            },
+            review: |n| json_values(n, 100),
         },
         // The same, nested as deep as a value may (16): arrays of one-element arrays.
         Family {
             name: "json-nested-values",
             endpoint: Mutate,
             per_kib: JSON_FORM_PER_KIB,
-            review: |n| {
-                let count = grown(1, n).min(64);
-                let per = grown(15 * 1024, n) / count;
-                let inner = format!("{}0{}", "[".repeat(13), "]".repeat(13));
-                let items: Vec<&str> =
-                    std::iter::repeat_n(inner.as_str(), per / (inner.len() + 1)).collect();
-                let value = format!(
-                    r#"{{"type":"emptyDir","mountPath":"/s","emptyDir":{{"x":[{}]}}}}"#,
-                    items.join(",")
-                );
-                let annotations: serde_json::Map<String, Value> = (0..count)
-                    .map(|i| {
-                        (
-                            format!("ephemeral-volumes.io/v{i}"),
-                            Value::String(value.clone()),
-                        )
-                    })
-                    .collect();
-                pod_review(&pod(Value::Object(annotations), json!([container("main")])))
-            },
+            review: |n| json_values(n, 13),
         },
         // Thousands of key=value annotations that are not the webhook's, and one that is.
         Family {

@@ -145,14 +145,18 @@ pub(super) async fn accept_loop(
                 }
             },
         };
-        let _ = tcp.set_nodelay(true);
-        let stopping = port.stopping.clone();
-        let stop = async move {
-            let mut stopping = stopping;
-            let _ = stopping.wait_for(|s| *s).await;
-        };
-        tokio::spawn(serve(tcp, permit, PortHandle::of(port), stop));
+        spawn_connection(tcp, permit, port);
     }
+}
+
+/// Serves an accepted connection on a task of its own, holding `permit`, until the port stops.
+fn spawn_connection(tcp: TcpStream, permit: OwnedSemaphorePermit, port: &Port) {
+    let _ = tcp.set_nodelay(true);
+    let mut stopping = port.stopping.clone();
+    let stop = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    };
+    tokio::spawn(serve(tcp, permit, PortHandle::of(port), stop));
 }
 
 /// At shutdown, after the accept loop: the connections the kernel has already accepted (the
@@ -170,22 +174,20 @@ pub(super) async fn accept_backlog(listener: TcpListener, port: &Port) {
     // A plain non-blocking accept: it sees every connection the kernel holds, where the
     // runtime's readiness may not have seen the newest yet.
     while let Ok((tcp, _peer)) = listener.accept() {
-        let Ok(tcp) = tcp
+        let tcp = match tcp
             .set_nonblocking(true)
             .and_then(|()| TcpStream::from_std(tcp))
-        else {
-            continue;
+        {
+            Ok(tcp) => tcp,
+            Err(e) => {
+                tracing::warn!(port = port.name, error = %e, "cannot serve a connection of the backlog");
+                continue;
+            }
         };
         let Ok(permit) = port.permits.clone().acquire_owned().await else {
             return;
         };
-        let _ = tcp.set_nodelay(true);
-        let stopping = port.stopping.clone();
-        let stop = async move {
-            let mut stopping = stopping;
-            let _ = stopping.wait_for(|s| *s).await;
-        };
-        tokio::spawn(serve(tcp, permit, PortHandle::of(port), stop));
+        spawn_connection(tcp, permit, port);
         taken += 1;
     }
     if taken > 0 {
