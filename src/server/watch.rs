@@ -193,12 +193,17 @@ pub fn watch(
         Until::Exit,
         "policy overrides: Namespace watch",
         async move {
+            // Readiness waits for the list only when the configuration the replica starts
+            // with selects by label, as it waits for the CSIDriver and StorageClass lists
+            // only at start: a reload that turns such an override on must not make every
+            // replica unready at once (their pods are refused "try again" until it arrives).
+            let at_start = state.config.load().uses_namespace_labels();
             while !state.config.load().uses_namespace_labels() {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
             // Ready once the list arrives, or unready for at most the sync timeout (the
             // chart may not grant the list: a replica must not stay unready for it).
-            w.namespaces_awaited.store(true, Ordering::SeqCst);
+            w.namespaces_awaited.store(at_start, Ordering::SeqCst);
             let timer = w.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(sync_timeout).await;
