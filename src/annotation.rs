@@ -6,14 +6,15 @@
 
 use std::{collections::BTreeMap, str::FromStr};
 
-use serde_json::Value;
+use serde::de::IgnoredAny;
+use serde_json::{Value, value::RawValue};
 use smallvec::SmallVec;
 
 use crate::{
     echo::quoted,
     validate::{
-        self, Invalid, Problems, bad, from_json_strict, parse_json_strict, parse_size, split_byte,
-        split_once_byte, trim,
+        self, Invalid, Problems, bad, from_text_strict, parse_size, split_byte, split_once_byte,
+        trim,
     },
     volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest, Written},
 };
@@ -43,7 +44,7 @@ impl VolumeRequest {
             );
         }
         if trimmed.starts_with('{') {
-            return self.read_json(&parse_json_strict(trimmed)?);
+            return self.read_json(trimmed);
         }
         if !trimmed.bytes().any(|b| b == b'=') {
             if let Some(fixed) = colon_pairs(trimmed) {
@@ -124,27 +125,39 @@ impl VolumeRequest {
     /// The JSON form (also used for profiles and rule entries in the configuration file).
     pub fn from_json(json: &Value) -> Result<Self, Invalid> {
         let mut request = VolumeRequest::placeholder();
-        request.read_json(json)?;
-        Ok(request)
-    }
-
-    /// The JSON form read into this request, where it lives (as [`VolumeRequest::read`]).
-    fn read_json(&mut self, json: &Value) -> Result<(), Invalid> {
-        let map = match json {
-            Value::Object(map) => map,
-            Value::Null => {
-                return bad("is empty: give the volume's fields (a mapping)");
-            }
+        match json {
+            Value::Object(_) => request.read_json(&json.to_string())?,
+            Value::Null => return bad("is empty: give the volume's fields (a mapping)"),
             other => {
                 return bad(format!(
                     "expected the volume's fields (a mapping), not {}",
                     crate::echo::quoted(&other.to_string())
                 ));
             }
-        };
+        }
+        Ok(request)
+    }
+
+    /// The JSON form (a JSON object's text) read into this request, where it lives (as
+    /// [`VolumeRequest::read`]). Read as it is parsed, never as a tree: the text is checked
+    /// once ([`validate::check_json`]), its fields are taken as raw text, and each source is
+    /// read straight into its Kubernetes type.
+    fn read_json(&mut self, text: &str) -> Result<(), Invalid> {
+        validate::check_json(text)?;
+        let fields: BTreeMap<validate::Key<'_>, &RawValue> =
+            serde_json::from_str(text).map_err(|e| {
+                Invalid(format!(
+                    "expected the volume's fields (a JSON object): {}",
+                    e.to_string().split(" at line ").next().unwrap_or_default()
+                ))
+            })?;
+        let fields: Vec<(&str, JsonField<'_>)> = fields
+            .iter()
+            .map(|(key, raw)| (key.as_str(), JsonField::read(key.as_str(), raw)))
+            .collect();
         let mut raw = Raw::default();
         let mut problems = Problems::default();
-        for (key, val) in map {
+        for (key, val) in &fields {
             if problems.check(raw.set(key, Val::Json(val))).is_none() {
                 raw.failed.push(key);
             }
@@ -153,11 +166,64 @@ impl VolumeRequest {
     }
 }
 
+/// One field of the JSON form: its raw text, and what it was read as.
+struct JsonField<'a> {
+    raw: &'a RawValue,
+    read: Read,
+}
+
+/// What a field of the JSON form holds, read as far as its field needs it.
+enum Read {
+    Text(String),
+    Bool(bool),
+    List(Vec<String>),
+    /// A list of more than [`MAX_LIST_NAMES`] items (how many), not read.
+    TooLong(usize),
+    /// An object, left as text for its source to read into its type.
+    Object,
+    /// Anything else (a number, null, a list of anything but strings), or a field that is not
+    /// one of the grammar's (refused by name, its value unread).
+    Other,
+}
+
+impl<'a> JsonField<'a> {
+    fn read(key: &str, raw: &'a RawValue) -> Self {
+        let text = raw.get();
+        let read = if !is_field(key) {
+            Read::Other
+        } else {
+            match text.as_bytes().first() {
+                Some(b'"') => serde_json::from_str(text).map_or(Read::Other, Read::Text),
+                Some(b't' | b'f') => serde_json::from_str(text).map_or(Read::Other, Read::Bool),
+                // Counted first (a list of zero-sized items allocates nothing), so that a list
+                // past the bound is never read; one of anything but strings fails at its first
+                // other element.
+                Some(b'[') => match serde_json::from_str::<Vec<IgnoredAny>>(text) {
+                    Ok(items) if items.len() > MAX_LIST_NAMES => Read::TooLong(items.len()),
+                    _ => serde_json::from_str(text).map_or(Read::Other, Read::List),
+                },
+                Some(b'{') => Read::Object,
+                _ => Read::Other,
+            }
+        };
+        JsonField { raw, read }
+    }
+
+    /// The value as a message shows it: compact JSON, cut to [`crate::echo::VALUE_LIMIT`].
+    fn shown(&self) -> String {
+        let text = self.raw.get();
+        match serde_json::from_str::<Value>(text) {
+            Ok(v) if text.len() <= crate::echo::VALUE_LIMIT => v.to_string(),
+            _ => crate::echo::bounded(text, crate::echo::VALUE_LIMIT).into_owned(),
+        }
+    }
+}
+
 // === field dispatch ===
 
 enum Val<'a> {
     Text(&'a str),
-    Json(&'a Value),
+    Json(&'a JsonField<'a>),
 }
 
 impl<'a> Val<'a> {
@@ -165,36 +231,61 @@ impl<'a> Val<'a> {
     fn string(&self, field: &str) -> Result<&'a str, Invalid> {
         match *self {
             Val::Text(s) => non_empty(field, s),
-            Val::Json(Value::String(s)) => non_empty(field, s),
-            Val::Json(other) => bad(format!("{field} must be a string, not {other}")),
+            Val::Json(JsonField {
+                read: Read::Text(s),
+                ..
+            }) => non_empty(field, s),
+            Val::Json(other) => bad(format!("{field} must be a string, not {}", other.shown())),
         }
     }
 
     fn boolean(&self, field: &str) -> Result<bool, Invalid> {
-        match self {
-            Val::Text("true") | Val::Json(Value::Bool(true)) => Ok(true),
-            Val::Text("false") | Val::Json(Value::Bool(false)) => Ok(false),
-            Val::Json(Value::String(s)) if s == "true" || s == "false" => Ok(s == "true"),
+        match *self {
+            Val::Text("true") => Ok(true),
+            Val::Text("false") => Ok(false),
             Val::Text(s) => bad(format!("{field} must be true or false, not {}", quoted(s))),
-            Val::Json(v) => bad(format!("{field} must be true or false, not {v}")),
+            Val::Json(v) => match &v.read {
+                Read::Bool(b) => Ok(*b),
+                Read::Text(s) if s == "true" || s == "false" => Ok(s == "true"),
+                _ => bad(format!("{field} must be true or false, not {}", v.shown())),
+            },
         }
     }
 
     /// `a;b;c` in key=value form, a list (or a `;`-separated string) in JSON.
     fn list(&self, field: &str) -> Result<Vec<String>, Invalid> {
         let items: Vec<String> = match *self {
-            Val::Text(s) => split_list(s),
-            Val::Json(Value::String(s)) => split_list(s),
-            Val::Json(Value::Array(items)) => items
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
-                    other => bad(format!(
-                        "{field} must list non-empty strings, found {other}"
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            Val::Json(v) => return bad(format!("{field} must be a list of names, not {v}")),
+            Val::Text(s) => split_list(field, s)?,
+            Val::Json(v) => match &v.read {
+                Read::Text(s) => split_list(field, s)?,
+                Read::TooLong(count) => return too_long(field, *count),
+                Read::List(items) => {
+                    let mut names = Vec::with_capacity(items.len());
+                    for item in items {
+                        let name = trim(item);
+                        if name.is_empty() {
+                            return bad(format!(
+                                "{field} must list non-empty strings, found {}",
+                                quoted(item)
+                            ));
+                        }
+                        names.push(name.to_owned());
+                    }
+                    names
+                }
+                _ if v.raw.get().starts_with('[') => {
+                    return bad(format!(
+                        "{field} must list non-empty strings, not {}",
+                        v.shown()
+                    ));
+                }
+                _ => {
+                    return bad(format!(
+                        "{field} must be a list of names, not {}",
+                        v.shown()
+                    ));
+                }
+            },
         };
         if items.is_empty() {
             return bad(format!("{field} is empty"));
@@ -202,10 +293,14 @@ impl<'a> Val<'a> {
         Ok(items)
     }
 
-    fn object(&self, field: &str) -> Result<&'a Value, Invalid> {
+    /// A JSON object's text.
+    fn object(&self, field: &str) -> Result<&'a str, Invalid> {
         match *self {
-            Val::Json(v @ Value::Object(_)) => Ok(v),
-            Val::Json(v) => bad(format!("{field} must be a JSON object, not {v}")),
+            Val::Json(JsonField {
+                raw,
+                read: Read::Object,
+            }) => Ok(raw.get()),
+            Val::Json(v) => bad(format!("{field} must be a JSON object, not {}", v.shown())),
             Val::Text(_) => bad(format!(
                 "{field} needs the JSON form; in key=value form write type={field} with its shorthands"
             )),
@@ -213,12 +308,24 @@ impl<'a> Val<'a> {
     }
 }
 
-fn split_list(s: &str) -> Vec<String> {
-    split_byte(s, b';')
-        .map(trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
+/// The most names one list (`containers`, `initContainers`, `env`) may have: counted before
+/// the list is read, so that a list costs no more per byte than the rest of a pod.
+pub const MAX_LIST_NAMES: usize = 256;
+
+/// `a;b;c`, counted first against [`MAX_LIST_NAMES`].
+fn split_list(field: &str, s: &str) -> Result<Vec<String>, Invalid> {
+    let names = || split_byte(s, b';').map(trim).filter(|s| !s.is_empty());
+    let count = names().count();
+    if count > MAX_LIST_NAMES {
+        return too_long(field, count);
+    }
+    Ok(names().map(str::to_owned).collect())
+}
+
+fn too_long<T>(field: &str, count: usize) -> Result<T, Invalid> {
+    bad(format!(
+        "{field} lists {count} names, more than the {MAX_LIST_NAMES} a list may have"
+    ))
 }
 
 fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, Invalid> {
@@ -235,9 +342,9 @@ fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, Invalid> {
 struct Raw<'a> {
     profile: Option<&'a str>,
     kind: Option<VolumeKind>,
-    empty_dir: Option<&'a Value>,
-    csi: Option<&'a Value>,
-    ephemeral: Option<&'a Value>,
+    empty_dir: Option<&'a str>,
+    csi: Option<&'a str>,
+    ephemeral: Option<&'a str>,
     size: Option<&'a str>,
     /// `size=request`, which fits every source but CSI (kept apart from the quantity shorthand).
     size_request: bool,
@@ -452,12 +559,12 @@ impl<'a> Raw<'a> {
                 "a volume given as a JSON object; put it inside the object".to_owned()
             });
             let source = if let Some(v) = self.empty_dir {
-                problems.check(from_json_strict("emptyDir", v).map(Source::EmptyDir))
+                problems.check(from_text_strict("emptyDir", v).map(Source::EmptyDir))
             } else if let Some(v) = self.csi {
-                problems.check(from_json_strict("csi", v).map(Source::Csi))
+                problems.check(from_text_strict("csi", v).map(Source::Csi))
             } else if let Some(v) = self.ephemeral {
                 problems
-                    .check(from_json_strict("ephemeral", v).map(|e| Source::Ephemeral(Box::new(e))))
+                    .check(from_text_strict("ephemeral", v).map(|e| Source::Ephemeral(Box::new(e))))
             } else {
                 None
             };
@@ -665,6 +772,75 @@ mod tests {
             Some(InitTargets::Named(vec!["i".into()]))
         );
         assert_eq!(r.mount.read_only, Some(false));
+    }
+
+    #[test]
+    fn json_form_reads_escaped_keys_and_names_every_unknown_field_up_to_the_bound() {
+        // A key with an escape is still the field it spells.
+        let r = ok(r#"{"\u0074ype":"emptyDir","mountPath":"/x","containers":["a"]}"#);
+        assert_eq!(r.mount.containers, Some(vec!["a".into()]));
+        // Unknown fields inside a source, at any depth, by their path.
+        let err = |v: &str| v.parse::<VolumeRequest>().unwrap_err().0;
+        assert_eq!(
+            err(
+                r#"{"mountPath":"/x","ephemeral":{"volumeClaimTemplate":{"spec":{"resources":{"requests":{"storage":"1Gi"}},"accessModes":["ReadWriteOnce"],"colour":1}}}}"#
+            ),
+            "unknown field ephemeral.volumeClaimTemplate.spec.colour"
+        );
+        // Null or not: what the type does not know is not read into it.
+        assert_eq!(
+            err(r#"{"mountPath":"/x","emptyDir":{"sizeLimt":null}}"#),
+            "unknown field emptyDir.sizeLimt"
+        );
+        let many: Vec<String> = (0..30).map(|i| format!(r#""k{i}":0"#)).collect();
+        let message = err(&format!(
+            r#"{{"mountPath":"/x","emptyDir":{{{}}}}}"#,
+            many.join(",")
+        ));
+        assert_eq!(message.matches("unknown field emptyDir.k").count(), 20);
+        assert!(message.ends_with("and 10 more unknown fields"), "{message}");
+        // A value of the wrong kind is shown compact, and cut when long.
+        assert_eq!(
+            err(r#"{"type":"emptyDir","mountPath":"/x","containers":[ 1 ]}"#),
+            "containers must list non-empty strings, not [1]"
+        );
+        let long = format!(
+            r#"{{"type":"emptyDir","mountPath":["{}"]}}"#,
+            "x".repeat(500)
+        );
+        assert!(
+            err(&long).contains("… (504 bytes in all)"),
+            "{}",
+            err(&long)
+        );
+    }
+
+    #[test]
+    fn a_list_of_names_is_counted_against_its_bound_before_it_is_read() {
+        let names = |n: usize| vec!["m"; n];
+        let err = |v: &str| v.parse::<VolumeRequest>().unwrap_err().0;
+        let at_bound = format!(
+            "type=emptyDir,mountPath=/x,containers={}",
+            names(MAX_LIST_NAMES).join(";")
+        );
+        assert_eq!(
+            ok(&at_bound).mount.containers.map(|c| c.len()),
+            Some(MAX_LIST_NAMES)
+        );
+        let past = format!(
+            "type=emptyDir,mountPath=/x,env={}",
+            names(MAX_LIST_NAMES + 1).join(";")
+        );
+        assert_eq!(
+            err(&past),
+            "env lists 257 names, more than the 256 a list may have"
+        );
+        let json = serde_json::json!({"type": "emptyDir", "mountPath": "/x",
+                                      "containers": names(1000)});
+        assert_eq!(
+            err(&json.to_string()),
+            "containers lists 1000 names, more than the 256 a list may have"
+        );
     }
 
     #[test]

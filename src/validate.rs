@@ -2,7 +2,7 @@
 //! (names, paths, quantities, label keys), checked here so that the user hears it from us, with
 //! the annotation or configuration key that carries it.
 
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -77,32 +77,40 @@ pub fn closest<'c>(word: &str, candidates: impl IntoIterator<Item = &'c str>) ->
         .map(|(_, c)| c)
 }
 
-/// Parses JSON refusing a repeated key anywhere (serde_json keeps the last one silently, which
-/// would make the JSON form laxer than key=value, where a repeated field is an error).
-pub fn parse_json_strict(text: &str) -> Result<Value, Invalid> {
+/// Checks a JSON document without building it: well-formed, nested at most [`MAX_JSON_DEPTH`]
+/// deep, and no object with a repeated key anywhere (serde_json keeps the last one silently,
+/// which would make the JSON form laxer than key=value, where a repeated field is an error).
+pub fn check_json(text: &str) -> Result<(), Invalid> {
     let checked: Result<NoDuplicates, _> = serde_json::from_str(text);
-    if let Err(e) = checked {
-        if e.is_data() {
-            // Our own error: a repeated key, whose message names the field.
-            let message = e.to_string();
-            let message = message.split(" at line ").next().unwrap_or(&message);
-            return bad(message.to_owned());
-        }
-        return bad(format!("invalid JSON: {e}"));
+    match checked {
+        Ok(NoDuplicates) => Ok(()),
+        // Our own error (a repeated key, too deep): its message names where.
+        Err(e) if e.is_data() => bad(without_position(&e.to_string()).to_owned()),
+        Err(e) => bad(format!("invalid JSON: {e}")),
     }
+}
+
+/// Parses JSON as [`check_json`] checks it.
+pub fn parse_json_strict(text: &str) -> Result<Value, Invalid> {
+    check_json(text)?;
     serde_json::from_str(text).map_err(|e| Invalid(format!("invalid JSON: {e}")))
 }
 
+/// A serde_json message without the ` at line 1 column 7` it ends in.
+fn without_position(message: &str) -> &str {
+    message.split(" at line ").next().unwrap_or(message)
+}
+
 /// Walks a JSON document and fails on the first object with a repeated key, naming its path.
-/// The path is one stack of steps shared by the whole walk and written out only for the
-/// error: the walk's work and memory are linear in the document, whatever its depth or the
-/// length of its keys (a copy of the path per key or element was quadratic).
+/// Keys are borrowed from the text; the path and the keys of the objects being read are two
+/// stacks shared by the whole walk, and the path is written out only for the error: the walk's
+/// work and memory are linear in the document, whatever its depth or the length of its keys.
 pub struct NoDuplicates;
 
 impl<'de> serde::Deserialize<'de> for NoDuplicates {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut path = Vec::new();
-        d.deserialize_any(DupVisitor { path: &mut path })
+        let mut walk = Walk::default();
+        d.deserialize_any(DupVisitor { walk: &mut walk })
     }
 }
 
@@ -129,34 +137,73 @@ fn path_text<K: AsRef<str>>(steps: &[Step<K>]) -> String {
 }
 
 /// The deepest a JSON value nests (objects and arrays): a Kubernetes volume source nests 8
-/// deep at most (`ephemeral.volumeClaimTemplate.spec.selector.matchExpressions[0].values[0]`),
-/// and every level of a deeper one costs a tree node per byte or two.
+/// deep at most (`ephemeral.volumeClaimTemplate.spec.selector.matchExpressions[0].values[0]`).
 pub const MAX_JSON_DEPTH: usize = 16;
 
-/// An object or array at `path` that would nest past [`MAX_JSON_DEPTH`].
-fn too_deep<E: serde::de::Error>(path: &[Step]) -> Result<(), E> {
-    if path.len() >= MAX_JSON_DEPTH {
-        return Err(E::custom(format!(
-            "the JSON nests deeper than {MAX_JSON_DEPTH} levels (at {})",
-            crate::echo::bounded(&path_text(path), crate::echo::VALUE_LIMIT)
-        )));
+/// A key as the text has it: borrowed unless it has escapes.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+pub struct Key<'de>(Cow<'de, str>);
+
+impl Key<'_> {
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
-    Ok(())
 }
 
-struct DupVisitor<'p> {
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+/// The state of one [`NoDuplicates`] walk.
+#[derive(Default)]
+struct Walk<'de> {
     /// The steps to the value being read.
-    path: &'p mut Vec<Step>,
+    path: Vec<Step<Cow<'de, str>>>,
+    /// The keys read so far of every object being read, innermost last.
+    keys: Vec<Key<'de>>,
 }
 
-impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor<'_> {
+impl Walk<'_> {
+    /// An object or array here would nest past [`MAX_JSON_DEPTH`].
+    fn too_deep<E: serde::de::Error>(&self) -> Result<(), E> {
+        if self.path.len() >= MAX_JSON_DEPTH {
+            return Err(E::custom(format!(
+                "the JSON nests deeper than {MAX_JSON_DEPTH} levels (at {})",
+                crate::echo::bounded(&path_text(&self.path), crate::echo::VALUE_LIMIT)
+            )));
+        }
+        Ok(())
+    }
+}
+
+struct DupVisitor<'w, 'de> {
+    walk: &'w mut Walk<'de>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor<'_, 'de> {
     type Value = NoDuplicates;
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
+impl<'de> serde::de::Visitor<'de> for DupVisitor<'_, 'de> {
     type Value = NoDuplicates;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -164,37 +211,42 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        too_deep(self.path)?;
-        let mut seen = std::collections::HashSet::new();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            let key = key.into_owned();
-            let repeated = !seen.insert(key.clone());
-            self.path.push(Step::Key(key));
-            if repeated {
-                return Err(serde::de::Error::custom(format!(
-                    "field {} is given twice",
-                    path_text(self.path)
-                )));
-            }
+        self.walk.too_deep()?;
+        let first = self.walk.keys.len();
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            self.walk.path.push(Step::Key(key.0.clone()));
+            self.walk.keys.push(key);
             map.next_value_seed(DupVisitor {
-                path: &mut *self.path,
+                walk: &mut *self.walk,
             })?;
-            self.path.pop();
+            self.walk.path.pop();
         }
+        // This object's keys, sorted in place: a repeated one is next to its twin.
+        let keys = &mut self.walk.keys[first..];
+        keys.sort_unstable();
+        if let Some(twin) = keys.windows(2).find(|w| w[0] == w[1]) {
+            let key = twin[0].0.clone();
+            self.walk.path.push(Step::Key(key));
+            return Err(serde::de::Error::custom(format!(
+                "field {} is given twice",
+                crate::echo::bounded(&path_text(&self.walk.path), crate::echo::VALUE_LIMIT)
+            )));
+        }
+        self.walk.keys.truncate(first);
         Ok(NoDuplicates)
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        too_deep(self.path)?;
+        self.walk.too_deep()?;
         let mut i = 0;
         loop {
-            self.path.push(Step::Index(i));
+            self.walk.path.push(Step::Index(i));
             let more = seq
                 .next_element_seed(DupVisitor {
-                    path: &mut *self.path,
+                    walk: &mut *self.walk,
                 })?
                 .is_some();
-            self.path.pop();
+            self.walk.path.pop();
             if !more {
                 return Ok(NoDuplicates);
             }
@@ -222,58 +274,61 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
     }
 }
 
+/// The most unknown fields one source names; the rest are counted.
+const UNKNOWN_LIMIT: usize = crate::echo::LIST_LIMIT;
+
 /// Deserializes a Kubernetes type and refuses any field the type does not know: k8s-openapi
 /// ignores unknown fields, which would turn `sizeLimt` into a silently unlimited volume.
-pub fn from_json_strict<T>(field: &str, json: &Value) -> Result<T, Invalid>
-where
-    T: DeserializeOwned + serde::Serialize,
-{
-    // Read from the tree where it is (a `&Value` is a deserializer): no copy of it.
-    let typed: T = T::deserialize(json).map_err(|e| Invalid(format!("{field}: {e}")))?;
-    let back = serde_json::to_value(&typed).map_err(|e| Invalid(format!("{field}: {e}")))?;
-    let mut unknown = Vec::new();
-    let mut path = vec![Step::Key(field)];
-    unknown_fields(json, &back, &mut path, &mut unknown);
-    if unknown.is_empty() {
-        Ok(typed)
-    } else {
-        let each: Vec<String> = unknown
-            .iter()
-            .map(|path| format!("unknown field {path}"))
-            .collect();
-        bad(each.join("; "))
-    }
+pub fn from_json_strict<T: DeserializeOwned>(field: &str, json: &Value) -> Result<T, Invalid> {
+    strict(field, json)
 }
 
-/// The paths of `input` that `known` (the same value read into its type and written back)
-/// lacks, into `out`. The path is one stack of steps, written out only for a field reported:
-/// linear in the value, whatever its depth.
-fn unknown_fields<'v>(
-    input: &'v Value,
-    known: &Value,
-    path: &mut Vec<Step<&'v str>>,
-    out: &mut Vec<String>,
-) {
-    match (input, known) {
-        (Value::Object(i), Value::Object(k)) => {
-            for (key, v) in i {
-                path.push(Step::Key(key.as_str()));
-                match k.get(key) {
-                    Some(kv) => unknown_fields(v, kv, path, out),
-                    None if v.is_null() => {}
-                    None => out.push(path_text(path)),
-                }
-                path.pop();
-            }
+/// [`from_json_strict`] on JSON text (checked by [`check_json`]): read as it is parsed, no tree.
+pub fn from_text_strict<T: DeserializeOwned>(field: &str, text: &str) -> Result<T, Invalid> {
+    strict(field, &mut serde_json::Deserializer::from_str(text))
+}
+
+/// Reads `T` from `d`, and names the fields `T` skipped (what k8s-openapi's types ignore is
+/// what they do not know): each one's path from `field`, at most [`UNKNOWN_LIMIT`] of them.
+fn strict<'de, T, D>(field: &str, d: D) -> Result<T, Invalid>
+where
+    T: serde::Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    let mut unknown = Vec::new();
+    let mut more = 0usize;
+    let typed: Result<T, _> = serde_ignored::deserialize(d, |path| {
+        if unknown.len() < UNKNOWN_LIMIT {
+            unknown.push(format!("unknown field {}", ignored_path(field, &path)));
+        } else {
+            more += 1;
         }
-        (Value::Array(i), Value::Array(k)) => {
-            for (n, (iv, kv)) in i.iter().zip(k).enumerate() {
-                path.push(Step::Index(n));
-                unknown_fields(iv, kv, path, out);
-                path.pop();
-            }
-        }
-        _ => {}
+    });
+    let typed =
+        typed.map_err(|e| Invalid(format!("{field}: {}", without_position(&e.to_string()))))?;
+    if unknown.is_empty() {
+        return Ok(typed);
+    }
+    if more > 0 {
+        unknown.push(format!("and {more} more unknown fields"));
+    }
+    bad(unknown.join("; "))
+}
+
+/// A path serde_ignored reports, from `field`, as the other errors name paths (`a.b[2].c`).
+fn ignored_path(field: &str, path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => field.to_owned(),
+        Path::Seq { parent, index } => format!("{}[{index}]", ignored_path(field, parent)),
+        Path::Map { parent, key } => format!(
+            "{}.{}",
+            ignored_path(field, parent),
+            crate::echo::bounded(key, crate::echo::VALUE_LIMIT)
+        ),
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => ignored_path(field, parent),
     }
 }
 
