@@ -1266,3 +1266,35 @@ async fn probes_and_ordinary_reviews_are_answered_under_a_flood_of_the_largest_r
     );
     assert!(probes > 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connections_streams_share_its_body_allowance_and_wait_only_for_it() {
+    use http_body_util::Either;
+    let server = Server::start(&["--body-timeout-seconds", "3"], None, dir());
+    let mut send = h2_sender::<Either<Never, Full<Bytes>>>(&server)
+        .await
+        .unwrap();
+    // A stream whose body, of unknown length, never comes: it holds its connection's whole
+    // allowance for bodies (64 KiB) until the body bound cuts it.
+    let held = tokio::spawn(send.send_request(mutate_request(Either::Left(Never)).unwrap()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // An ordinary review on the same connection waits for that allowance...
+    let (_, request) = nextflow_review("same-connection");
+    let body = serde_json::to_vec(&request).unwrap();
+    let mut same = mutate_request(Either::Right(Full::new(Bytes::from(body.clone())))).unwrap();
+    same.headers_mut()
+        .insert(hyper::header::CONTENT_LENGTH, body.len().into());
+    let same = tokio::spawn(send.send_request(same));
+    // ... while one on another connection is answered: a client makes only its own
+    // connection's streams wait.
+    assert!(served_within(&server, Duration::from_secs(2)).await);
+    assert!(
+        !same.is_finished(),
+        "the same connection's stream was answered while its allowance was held"
+    );
+    // Once the held stream is cut at the body bound (408), the waiting one is answered.
+    let held = held.await.unwrap().unwrap();
+    assert_eq!(held.status(), StatusCode::REQUEST_TIMEOUT);
+    let same = same.await.unwrap().unwrap();
+    assert_eq!(same.status(), StatusCode::OK);
+}

@@ -286,13 +286,17 @@ pub async fn serve<IO>(
         io,
         activity: activity.clone(),
     };
+    // The room its requests' bodies share (an HTTP/2 connection's streams).
+    let bodies = super::webhook::ConnectionBodies::new();
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |req: Request<hyper::body::Incoming>| {
             let (app, activity) = (app.clone(), activity.clone());
+            let mut req = req.map(Body::new);
+            req.extensions_mut().insert(bodies.clone());
             async move {
                 activity.request_started();
-                let response: Result<Response, Infallible> = app.oneshot(req.map(Body::new)).await;
+                let response: Result<Response, Infallible> = app.oneshot(req).await;
                 activity.request_finished();
                 response
             }

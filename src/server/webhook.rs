@@ -82,14 +82,63 @@ impl BodyBudget {
     }
 }
 
-/// Bodies up to this size take no share of the budget.
+/// A review of a body over this is large: decided alone among large ones (its view of the pod
+/// is the most memory one review takes).
 const SMALL_BODY: u64 = 256 << 10;
 
+/// The body's length as the client declared it: its `Content-Length` (hyper's body knows it
+/// exactly then; an in-memory body always does), `None` for one of unknown length.
 fn declared_length(req: &axum::extract::Request) -> Option<u64> {
-    req.headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
+    hyper::body::Body::size_hint(req.body())
+        .exact()
+        .or_else(|| {
+            req.headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+}
+
+/// The most bytes of bodies one connection holds on its own allowance, without a share of
+/// the budget: an HTTP/1.1 connection has one request at a time, an HTTP/2 connection's
+/// streams share it (a stream waits for its own connection's room, never another's). A pod's
+/// review is a few KiB, so the API server's reviews never wait for the budget, and what
+/// connections hold is bounded by `--max-connections` times this.
+pub const CONNECTION_BODY_BYTES: u64 = 64 << 10;
+
+/// A connection's own room for bodies ([`CONNECTION_BODY_BYTES`]), in KiB; put in each
+/// request's extensions by the connection it came on.
+#[derive(Clone)]
+pub struct ConnectionBodies(pub Arc<tokio::sync::Semaphore>);
+
+impl ConnectionBodies {
+    /// A new connection's room.
+    pub fn new() -> Self {
+        ConnectionBodies(Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(CONNECTION_BODY_BYTES / 1024).unwrap_or(64),
+        )))
+    }
+}
+
+impl Default for ConnectionBodies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What a request's body is held against while it is served.
+enum Room<'a> {
+    /// A share of `--max-inflight-body-bytes`.
+    Budget {
+        _share: Option<tokio::sync::SemaphorePermit<'a>>,
+    },
+    /// Its connection's own allowance.
+    Connection {
+        _share: Option<tokio::sync::OwnedSemaphorePermit>,
+    },
+    /// Nothing: the body is refused unread (over `--max-body-bytes`), or the request did not
+    /// come on a connection (a test calling the router).
+    Nothing,
 }
 
 /// The body, within the size and time bounds. A `Content-Length` over the limit is refused
@@ -99,11 +148,23 @@ async fn read_body(
     req: axum::extract::Request,
     declared: Option<u64>,
 ) -> Result<Bytes, Response> {
-    let limit = state.max_body_bytes;
+    // A body of unknown length is read on its connection's allowance only.
+    let limit = match declared {
+        Some(_) => state.max_body_bytes,
+        None => state.max_body_bytes.min(CONNECTION_BODY_BYTES as usize),
+    };
     let too_large = || {
         json_error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("request body over the limit of {limit} bytes (--max-body-bytes)"),
+            &match declared {
+                Some(_) => {
+                    format!("request body over the limit of {limit} bytes (--max-body-bytes)")
+                }
+                None => format!(
+                    "request body of unknown length over {limit} bytes: send its Content-Length (up to --max-body-bytes, {})",
+                    state.max_body_bytes
+                ),
+            },
         )
     };
     if declared.is_some_and(|n| n > limit as u64) {
@@ -171,37 +232,59 @@ async fn review_at(
     endpoint: review::Endpoint,
     req: axum::extract::Request,
 ) -> Response {
-    // Its share of the body budget, held until the answer is built. Only large bodies take
-    // one: a pod's review is a few KiB, and a client that declares a small body and never
-    // sends it must not make the API server's reviews wait. A body over the size limit gets
-    // its 413 unread; one of unknown length (the API server always sends a Content-Length)
-    // is bounded by the size limit and the connection cap, as before.
+    // Room for its body, held until the answer is built. A body within its connection's own
+    // allowance (a pod's review is a few KiB) never waits for the budget, so that clients
+    // that declare large bodies and trickle them cannot make the API server's reviews wait;
+    // a larger one takes a share of the budget. One of unknown length (the API server always
+    // sends a length) takes its connection's whole allowance and is read up to it. A body
+    // over the size limit gets its 413 unread. So what bodies hold at once is bounded by the
+    // flags: the budget, plus `--max-connections` times [`CONNECTION_BODY_BYTES`].
     let declared = declared_length(&req);
-    let wanted = match declared {
-        Some(n) if n > SMALL_BODY && n <= state.max_body_bytes as u64 => {
-            usize::try_from(n).unwrap_or(state.max_body_bytes)
-        }
-        _ => 0,
+    let wait = |what: &str| {
+        json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "no room for the request body within {:?} (--body-timeout-seconds): {what}",
+                state.body_timeout
+            ),
+        )
     };
-    let _room = if wanted == 0 {
-        None
+    // The bytes to hold on its connection's allowance, if it is one of those.
+    let own = match declared {
+        None => Some(CONNECTION_BODY_BYTES),
+        Some(n) if n <= CONNECTION_BODY_BYTES => Some(n),
+        Some(_) => None,
+    };
+    let connection = req.extensions().get::<ConnectionBodies>().cloned();
+    let _room = if declared.is_some_and(|n| n > state.max_body_bytes as u64) {
+        Room::Nothing
+    } else if let Some(n) = own {
+        match connection {
+            None => Room::Nothing,
+            Some(ConnectionBodies(room)) => {
+                let kib = u32::try_from(n.div_ceil(1024)).unwrap_or(1).max(1);
+                match tokio::time::timeout(state.body_timeout, room.acquire_many_owned(kib)).await {
+                    Ok(permit) => Room::Connection {
+                        _share: permit.ok(),
+                    },
+                    Err(_) => {
+                        return wait("this connection's other requests hold its bodies' allowance");
+                    }
+                }
+            }
+        }
     } else {
+        let wanted = declared
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(state.max_body_bytes);
         match tokio::time::timeout(
             state.body_timeout,
             state.body_budget.reserve(wanted, &state.metrics),
         )
         .await
         {
-            Ok(room) => room,
-            Err(_) => {
-                return json_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!(
-                        "no room for the request body within {:?} (--body-timeout-seconds): the bodies being served fill --max-inflight-body-bytes",
-                        state.body_timeout
-                    ),
-                );
-            }
+            Ok(room) => Room::Budget { _share: room },
+            Err(_) => return wait("the bodies being served fill --max-inflight-body-bytes"),
         }
     };
     let body = match read_body(state, req, declared).await {
@@ -741,6 +824,113 @@ mod tests {
         // A small body takes no share: answered while the large ones wait.
         let (s, _) = send(&state, "POST", "/mutate", b"{}".to_vec()).await;
         assert_eq!(s, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn a_connections_bodies_share_its_own_allowance_and_never_wait_for_another_connections() {
+        let mut quick = Arc::into_inner(state("")).unwrap();
+        quick.body_timeout = Duration::from_millis(200);
+        let state = Arc::new(quick);
+        let on = |conn: &ConnectionBodies, mut req: axum::extract::Request| {
+            req.extensions_mut().insert(conn.clone());
+            req
+        };
+        let (one, other) = (ConnectionBodies::new(), ConnectionBodies::new());
+        // Streams of the first connection hold 60 KiB of bodies being read.
+        let held = one.0.clone().try_acquire_many_owned(60).unwrap();
+        // Another stream of the same connection finds no room for its 8 KiB in time.
+        let eight = [b' '; 8 << 10];
+        let (second, _rest) = streamed(&eight);
+        let response = router(state.clone())
+            .oneshot(on(&one, second))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&bytes).contains("this connection's other requests"),
+            "{bytes:?}"
+        );
+        // A review on another connection is answered at once, and the budget was not touched.
+        let body = serde_json::to_vec(&review(serde_json::json!({}))).unwrap();
+        let request = |body: &[u8]| {
+            axum::http::Request::post("/mutate")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body.to_vec()))
+                .unwrap()
+        };
+        let response = router(state.clone())
+            .oneshot(on(&other, request(&body)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            state.body_budget.room.available_permits(),
+            state.body_budget.total_kib as usize
+        );
+        // Once they are answered, the first connection's reviews are served, and its room is
+        // whole again after each.
+        drop(held);
+        let response = router(state.clone())
+            .oneshot(on(&one, request(&body)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            one.0.available_permits(),
+            (CONNECTION_BODY_BYTES / 1024) as usize
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_connection_allowance_takes_a_budget_share_and_one_of_unknown_length_the_allowance()
+     {
+        let mut small = Arc::into_inner(state("")).unwrap();
+        small.body_budget = BodyBudget::new(4 << 20);
+        small.body_timeout = Duration::from_millis(50);
+        let state = Arc::new(small);
+        let unknown = |bytes: Vec<u8>| {
+            let mut request = axum::http::Request::post("/mutate")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from_stream(futures_util::stream::iter([
+                    Ok::<_, std::io::Error>(Bytes::from(bytes)),
+                ])))
+                .unwrap();
+            request.extensions_mut().insert(ConnectionBodies::new());
+            request
+        };
+        // 100 KiB (over the connection's 64) waits for the budget, held by others here.
+        let held = state.body_budget.room.try_acquire_many(4 << 10).unwrap();
+        let spaces = vec![b' '; 100 << 10];
+        let (mut past, _rest) = streamed(&spaces);
+        past.extensions_mut().insert(ConnectionBodies::new());
+        let response = router(state.clone()).oneshot(past).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // A body of unknown length is read on its connection's allowance, not the budget's...
+        let (status, _) = {
+            let response = router(state.clone())
+                .oneshot(unknown(b"{}".to_vec()))
+                .await
+                .unwrap();
+            (response.status(), ())
+        };
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        drop(held);
+        // ... and only up to it: past 64 KiB it is refused, asking for its length.
+        let response = router(state.clone())
+            .oneshot(unknown(vec![b' '; (64 << 10) + 1]))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&bytes).contains("send its Content-Length"),
+            "{bytes:?}"
+        );
     }
 
     fn tokio_stream_of(
