@@ -12,15 +12,20 @@
 #   <context>/linux/amd64/ephemeral-volume-injector, <context>/linux/arm64/ephemeral-volume-injector
 #   docker build --platform linux/arm64 --build-arg BINARY_FROM=prebuilt --build-arg RUNTIME_BASE=scratch \
 #     -f Dockerfile -t ephemeral-volume-injector:arm64 target/release-context
-ARG RUNTIME_BASE=gcr.io/distroless/static-debian12:nonroot
+#
+# Base images are pinned by digest (the tag in a comment), so that a build takes the bytes that
+# were reviewed; Dependabot moves them (.github/dependabot.yml). Refresh by hand with
+# `crane digest <image>:<tag>` (the index digest, for every platform).
+# gcr.io/distroless/static-debian12:nonroot
+ARG RUNTIME_BASE=gcr.io/distroless/static-debian12@sha256:afa5c872c891853ca7fcf1f12c3edb23f7eeef36189728842dd51042ff57f7ab
 ARG BINARY_FROM=build
 
-FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS build
+# rust:1.95-bookworm
+FROM --platform=$BUILDPLATFORM rust@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 ARG TARGETARCH
 ARG EVI_COMMIT=""
-# hadolint ignore=DL3008,DL3013
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3-pip \
+ && apt-get install -y --no-install-recommends python3-pip=23.0.1+dfsg-1 \
  && rm -rf /var/lib/apt/lists/* \
  && pip3 install --no-cache-dir --break-system-packages ziglang==0.17.0 cargo-zigbuild==0.24.0 PyYAML==6.0.3 \
  && rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl \

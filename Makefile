@@ -9,7 +9,8 @@
 #                (controlplane: the control plane alone)
 #   make audit   cargo deny: licenses, bans, sources                (needs: tools)
 #   make chart   golden outputs against the Kubernetes schema, the chart's values documented
-#                (charts/values-doc.py), its tests, yamllint, hadolint, trivy (needs: tools)
+#                (charts/values-doc.py), its tests, yamllint, hadolint, actionlint, trivy
+#                (needs: tools)
 #   make release the release artifacts: static binaries for linux/amd64 and linux/arm64, the
 #                arm64 one checked under qemu against the amd64 one on every golden case, the
 #                image index (OCI layout, target/oci) and the SBOM (needs: tools; root: dockerd)
@@ -36,7 +37,7 @@ PLATFORMS := amd64:x86_64-unknown-linux-musl arm64:aarch64-unknown-linux-musl
 CARGO_CYCLONEDX_VERSION := 0.5.9
 CARGO_CYCLONEDX := $(TOOLS_DIR)/cargo-cyclonedx-$(CARGO_CYCLONEDX_VERSION)/bin/cargo-cyclonedx
 
-.PHONY: ci lint unit build musl release-binaries release images sbom tools tools-base tools-go controlplane audit chart e2e
+.PHONY: ci lint unit build musl release-binaries release images sbom tools tools-base tools-go controlplane audit advisories chart e2e
 ci: lint unit tools-base audit chart release controlplane e2e
 
 lint:
@@ -120,6 +121,10 @@ controlplane:
 
 audit:
 	$(CARGO_DENY) --locked check licenses bans sources
+# The RustSec advisories of Cargo.lock's crates. The database is fetched from GitHub, which this
+# project's CI machine cannot reach: the release workflow's build job runs it (needs: tools).
+advisories:
+	$(CARGO_DENY) --locked check advisories
 
 chart: build
 	for v in 1.29.0 1.33.0 1.37.0; do \
@@ -132,6 +137,7 @@ chart: build
 	  charts/ephemeral-volume-injector/values.yaml charts/ephemeral-volume-injector/Chart.yaml \
 	  tests/data/*.yaml tests/golden/*/*.yaml monitoring/*.yaml
 	hadolint Dockerfile
+	$(TOOLS_DIR)/release/bin/actionlint -no-color .github/workflows/*.yml
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 charts/ephemeral-volume-injector
 	trivy config --quiet --skip-check-update --severity HIGH,CRITICAL --exit-code 1 \
 	  --helm-set tls.mode=selfManaged --ignorefile charts/trivyignore-selfmanaged charts/ephemeral-volume-injector

