@@ -310,7 +310,7 @@ impl<'a> Val<'a> {
 
 /// The most names one list (`containers`, `initContainers`, `env`) may have: counted before
 /// the list is read, so that a list costs no more per byte than the rest of a pod.
-pub const MAX_LIST_NAMES: usize = 256;
+pub const MAX_LIST_NAMES: usize = 1024;
 
 /// `a;b;c`, counted first against [`MAX_LIST_NAMES`].
 fn split_list(field: &str, s: &str) -> Result<Vec<String>, Invalid> {
@@ -833,13 +833,13 @@ mod tests {
         );
         assert_eq!(
             err(&past),
-            "env lists 257 names, more than the 256 a list may have"
+            "env lists 1025 names, more than the 1024 a list may have"
         );
         let json = serde_json::json!({"type": "emptyDir", "mountPath": "/x",
-                                      "containers": names(1000)});
+                                      "containers": names(2000)});
         assert_eq!(
             err(&json.to_string()),
-            "containers lists 1000 names, more than the 256 a list may have"
+            "containers lists 2000 names, more than the 1024 a list may have"
         );
     }
 

@@ -285,14 +285,14 @@ fn families() -> Vec<Family> {
                 ))
             },
         },
-        // A `containers=` list as long as a list may be (256 names), against a growing pod that
+        // A `containers=` list as long as a list may be (1,024 names), against a growing pod that
         // has every container it names.
         Family {
             name: "containers-list",
             endpoint: Mutate,
             review: |n| {
                 let count = grown(1600, n);
-                let listed: Vec<String> = (0..256).map(|i| format!("c{i}")).collect();
+                let listed: Vec<String> = (0..1024).map(|i| format!("c{i}")).collect();
                 let value = format!(
                     "type=emptyDir,size=1Gi,mountPath=/s,containers={}",
                     listed.join(";")

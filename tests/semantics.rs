@@ -1148,18 +1148,19 @@ fn a_long_containers_list_is_matched_by_name_and_a_missing_one_named_in_a_short_
     let containers: Vec<Value> = (0..2000)
         .map(|i| json!({"name": format!("c{i}"), "image": "busybox"}))
         .collect();
-    let listed: Vec<String> = (0..1500).rev().map(|i| format!("c{i}")).collect();
+    // As many names as a list may have (1,024), in the reverse of the pod's order.
+    let listed: Vec<String> = (0..1024).rev().map(|i| format!("c{i}")).collect();
     let mut p = pod(json!({"ephemeral-volumes.io/s":
         format!("type=emptyDir,size=1Gi,mountPath=/s,containers={}", listed.join(";"))}));
     p["spec"]["containers"] = Value::Array(containers);
     let d = decide(&Config::default(), &p);
     assert_eq!(d.verdict, "mutated", "{}", d.message);
     assert_eq!(
-        d.mutated["spec"]["containers"][1499]["volumeMounts"][0]["name"],
+        d.mutated["spec"]["containers"][1023]["volumeMounts"][0]["name"],
         "s"
     );
     assert!(
-        d.mutated["spec"]["containers"][1500]
+        d.mutated["spec"]["containers"][1024]
             .get("volumeMounts")
             .is_none()
     );
