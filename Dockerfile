@@ -24,13 +24,15 @@ ARG BINARY_FROM=build
 FROM --platform=$BUILDPLATFORM rust@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 ARG TARGETARCH
 ARG EVI_COMMIT=""
+WORKDIR /src
+# zig (the C cross-compiler), cargo-zigbuild and PyYAML (release/pgo.py), checked by hash.
+COPY .ci/requirements/build-stage.txt ./.ci/requirements/build-stage.txt
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-pip=23.0.1+dfsg-1 \
  && rm -rf /var/lib/apt/lists/* \
- && pip3 install --no-cache-dir --break-system-packages ziglang==0.17.0 cargo-zigbuild==0.24.0 PyYAML==6.0.3 \
+ && pip3 install --no-cache-dir --break-system-packages --require-hashes -r .ci/requirements/build-stage.txt \
  && rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl \
  && rustup component add llvm-tools
-WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs rustfmt.toml clippy.toml rust-toolchain.toml ./
 COPY src ./src
 COPY benches ./benches

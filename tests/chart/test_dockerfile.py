@@ -59,8 +59,26 @@ def test_the_build_stage_gets_a_crate_cargo_can_read(tmp_path):
     p = subprocess.run(["cargo", "build", "--offline", "--bin", "no-such-binary"], cwd=context,
                        capture_output=True, text=True, env=dict(os.environ, CARGO_TARGET_DIR=str(tmp_path / "t")))
     assert "no bin target named `no-such-binary`" in p.stderr, p.stderr
-    # And what the build stage trains its profile on is there.
+    # And what the build stage trains its profile on is there, and the hashes it installs by.
     assert (context / "release/pgo.py").is_file() and (context / "tests/golden").is_dir()
+    assert "--hash=sha256:" in (context / ".ci/requirements/build-stage.txt").read_text()
+
+
+def test_the_build_stage_installs_the_versions_ci_installs_by_the_same_hashes():
+    def entries(path: Path) -> dict[str, set[str]]:
+        out, name = {}, None
+        for line in path.read_text().splitlines():
+            if "==" in line and not line.startswith((" ", "#")):
+                name = line.split(" ")[0].lower()
+                out[name] = set()
+            elif line.strip().startswith("--hash=") and name:
+                out[name].add(line.strip().rstrip(" \\"))
+        return out
+    stage = entries(ROOT / ".ci/requirements/build-stage.txt")
+    tools = entries(ROOT / ".ci/requirements/tools.txt")
+    assert set(stage) == {"ziglang==0.17.0", "cargo-zigbuild==0.24.0", "pyyaml==6.0.3"}
+    for name, hashes in stage.items():
+        assert hashes and hashes == tools[name], name
 
 
 def test_the_dockerignore_rule_is_dockers():
