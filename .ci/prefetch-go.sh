@@ -2,8 +2,8 @@
 # Downloads the Go modules that `make tools` builds from — the control plane's
 # (tests/controlplane/build.sh), the release tools' and cert-manager's
 # (tests/release/build-tools.sh) — so that the network part of the tools stage overlaps the
-# CPU-bound lint and unit stages: .ci/test starts this in the background and waits for it before
-# the tools stage. It builds nothing (`go list -deps` and `go install -n` only resolve and
+# CPU-bound lint and unit stages: .ci/go-tools.sh runs it first, in the Go builds .ci/test starts
+# in the background. It builds nothing (`go list -deps` and `go install -n` only resolve and
 # download); a failure only means the tools stage downloads that module itself. The package
 # lists are build.sh's; a package missing here is merely downloaded later.
 set -uo pipefail

@@ -60,8 +60,9 @@ class Docker:
         self.proc = subprocess.Popen([
             "dockerd", "--data-root", str(self.dir / "root"), "--exec-root", str(self.dir / "exec"),
             "--pidfile", str(self.dir / "docker.pid"), "--host", self.env["DOCKER_HOST"],
-            # No network of its own and no iptables rules: it only builds.
-            "--bridge=none", "--iptables=false", "--ip-masq=false",
+            # No network of its own, no iptables rules and no change to the host's forwarding
+            # (dockerd turns net.ipv4.ip_forward on unless told not to): it only builds.
+            "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
         ], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         deadline = time.monotonic() + 60
         while self.docker("version", check=False).returncode != 0:

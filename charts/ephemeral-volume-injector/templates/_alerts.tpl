@@ -2,7 +2,7 @@
 The alerts, as the groups of a Prometheus rule file; each has a runbook in docs/alerts.md.
 Rendered into the PrometheusRule (metrics.prometheusRule.enabled) and, with the default values,
 committed as the plain rule file monitoring/alerts.yaml (tests/chart checks that the two agree;
-monitoring/render-alerts.sh writes it). Thresholds: metrics.prometheusRule.thresholds.
+monitoring/render-alerts.py writes it). Thresholds: metrics.prometheusRule.thresholds.
 */}}
 {{- define "evi.alertGroups" -}}
 {{- $t := .Values.metrics.prometheusRule.thresholds -}}
