@@ -46,13 +46,37 @@ impl VolumeRequest {
         if trimmed.starts_with('{') {
             return self.read_json(trimmed);
         }
+        // A value refused as written may be one of two slips that hide every other problem:
+        // then the hint is the fix (checked, as every suggestion is).
+        self.read_text(trimmed).map_err(|e| {
+            if let Some(inner) = unquoted(trimmed) {
+                Invalid(suggestion(
+                    "the value is wrapped in quotes, which are kept as part of it (a quoted \
+                     string inside the annotation's own quotes); write it without them",
+                    inner,
+                ))
+            } else if let Some(fixed) = comma_separated(trimmed) {
+                Invalid(suggestion(
+                    "pairs are separated by commas, not by semicolons or spaces",
+                    &fixed,
+                ))
+            } else {
+                e
+            }
+        })
+    }
+
+    /// A profile name or `key=value` pairs, trimmed.
+    fn read_text(&mut self, trimmed: &str) -> Result<(), Invalid> {
         if !trimmed.bytes().any(|b| b == b'=') {
             if let Some(fixed) = colon_pairs(trimmed) {
-                return bad(format!(
-                    "{} looks like key:value pairs (or a Groovy map written as a string); \
-                     write key=value pairs separated by commas: did you mean {}?",
-                    quoted(&crate::echo::without_attributes(trimmed)),
-                    quoted(&crate::echo::without_attributes(&fixed))
+                return bad(suggestion(
+                    &format!(
+                        "{} looks like key:value pairs (or a Groovy map written as a string); \
+                         write key=value pairs separated by commas",
+                        quoted(&crate::echo::without_attributes(trimmed))
+                    ),
+                    &fixed,
                 ));
             }
             validate::profile_name(trimmed)?;
@@ -67,12 +91,7 @@ impl VolumeRequest {
                 continue;
             }
             match split_once_byte(pair, b'=') {
-                Some((key, val)) => {
-                    let key = trim(key);
-                    if problems.check(raw.set(key, Val::Text(trim(val)))).is_none() {
-                        raw.failed.push(key);
-                    }
-                }
+                Some((key, val)) => raw.read_field(trim(key), Val::Text(trim(val)), &mut problems),
                 None => problems.push(match colon_pairs(pair) {
                     Some(fixed) => format!(
                         "{} is not a key=value pair: did you mean {}?",
@@ -90,6 +109,105 @@ impl VolumeRequest {
     }
 }
 
+/// `why`, and the value it suggests instead — offered as a fix only when it is accepted; when it
+/// is not, what else is wrong with it.
+fn suggestion(why: &str, fixed: &str) -> String {
+    let shown = quoted(&crate::echo::without_attributes(fixed));
+    match fixed.parse::<VolumeRequest>() {
+        Ok(_) => format!("{why}: did you mean {shown}?"),
+        Err(e) => format!("{why}; read as {shown}, it still has: {e}"),
+    }
+}
+
+/// The value inside the quotes a whole value is wrapped in (`"type=emptyDir,…"`, `'…'`).
+fn unquoted(value: &str) -> Option<&str> {
+    ['"', '\'']
+        .iter()
+        .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
+        .map(trim)
+        .filter(|inner| !inner.is_empty())
+}
+
+/// The value with commas between its pairs, when it separates them with semicolons or spaces
+/// (`type=emptyDir; mountPath=/scratch`, `type=emptyDir mountPath=/scratch`): a `;` or a run of
+/// spaces before a word that is a field (or one that certainly means a field) followed by `=`.
+/// A `;` before anything else is a list's (`containers=a;b`). `None` when there is none.
+fn comma_separated(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = String::with_capacity(value.len());
+    let mut changed = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b';' || b == b' ' || b == b'\t' {
+            let mut j = i;
+            let mut semicolon = false;
+            while j < bytes.len() && matches!(bytes[j], b';' | b' ' | b'\t') {
+                semicolon |= bytes[j] == b';';
+                j += 1;
+            }
+            // The word after the separator, up to `=` (spaces around `=` allowed).
+            let rest = &value[j..];
+            let word_end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-'))
+                .unwrap_or(rest.len());
+            let (word, after) = rest.split_at(word_end);
+            let pair_follows = trim(after).starts_with('=')
+                && !word.is_empty()
+                && (is_field(word) || intended_field(word).is_some());
+            // Spaces around `=` (`type = emptyDir`) are not separators.
+            let at_value = value[..i].trim_end().ends_with('=');
+            if pair_follows && !at_value && (semicolon || !value[..i].trim_end().ends_with(',')) {
+                out.push(',');
+                changed = true;
+            } else {
+                out.push_str(&value[i..j]);
+            }
+            i = j;
+            continue;
+        }
+        let ch_len = value[i..].chars().next().map_or(1, char::len_utf8);
+        out.push_str(&value[i..i + ch_len]);
+        i += ch_len;
+    }
+    changed.then_some(out)
+}
+
+/// The field a key that is not one certainly means: the same but for case, `_` and `-`
+/// (`mountpath`, `mount_path`), a Kubernetes or common name for it (`sizeLimit`,
+/// `storageClassName`), or one edit away from it (`sizee`).
+fn intended_field(key: &str) -> Option<&'static str> {
+    let norm = |s: &str| -> String {
+        s.chars()
+            .filter(|c| *c != '_' && *c != '-')
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let key_norm = norm(key);
+    let fields = FIELDS.split(", ").filter(|f| !f.starts_with("attr."));
+    if let Some(f) = fields.clone().find(|f| norm(f) == key_norm) {
+        return Some(f);
+    }
+    let alias = match key_norm.as_str() {
+        "sizelimit" | "limit" | "storage" | "capacity" | "disk" | "disksize" | "request" => "size",
+        "storageclassname" | "class" | "sc" => "storageClass",
+        "accessmodes" => "accessMode",
+        "path" | "mount" | "mountpoint" | "dir" | "directory" => "mountPath",
+        "container" => "containers",
+        "initcontainer" => "initContainers",
+        "kind" | "volumetype" => "type",
+        "ro" => "readOnly",
+        "envvar" | "envvars" | "variable" | "variables" => "env",
+        _ => "",
+    };
+    if !alias.is_empty() {
+        return fields.clone().find(|f| *f == alias);
+    }
+    fields
+        .filter(|f| strsim::osa_distance(&key.to_ascii_lowercase(), &f.to_ascii_lowercase()) == 1)
+        .min_by_key(|f| f.len().abs_diff(key.len()))
+}
+
 /// `[type:emptyDir, size:1Gi]` or `type:emptyDir,size:1Gi` (what a Groovy map, or a YAML habit,
 /// makes of a volume) as the `key=value` form it means; `None` unless every part is
 /// `field:value` with a field of the grammar.
@@ -105,9 +223,9 @@ fn colon_pairs(value: &str) -> Option<String> {
     let mut fixed = Vec::new();
     for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, val) = part.split_once(':')?;
-        let key = key.trim();
-        if !(is_field(key)) {
-            return None;
+        let mut key = key.trim();
+        if !is_field(key) {
+            key = intended_field(key)?;
         }
         fixed.push(format!("{key}={}", val.trim()));
     }
@@ -158,9 +276,7 @@ impl VolumeRequest {
         let mut raw = Raw::default();
         let mut problems = Problems::default();
         for (key, val) in &fields {
-            if problems.check(raw.set(key, Val::Json(val))).is_none() {
-                raw.failed.push(key);
-            }
+            raw.read_field(key, Val::Json(val), &mut problems);
         }
         raw.build(problems, self)
     }
@@ -189,7 +305,7 @@ enum Read {
 impl<'a> JsonField<'a> {
     fn read(key: &str, raw: &'a RawValue) -> Self {
         let text = raw.get();
-        let read = if !is_field(key) {
+        let read = if !is_field(key) && intended_field(key).is_none() {
             Read::Other
         } else {
             match text.as_bytes().first() {
@@ -221,6 +337,7 @@ impl<'a> JsonField<'a> {
 
 // === field dispatch ===
 
+#[derive(Clone, Copy)]
 enum Val<'a> {
     Text(&'a str),
     Json(&'a JsonField<'a>),
@@ -365,6 +482,8 @@ struct Raw<'a> {
     shorthands: SmallVec<[&'a str; 4]>,
     /// The fields given with a value that was refused: their absence is not reported again.
     failed: Vec<&'a str>,
+    /// The fields set, in written order.
+    given: Vec<&'a str>,
 }
 
 /// The sources whose shorthands are checked, and the shorthands each accepts.
@@ -409,6 +528,29 @@ impl<'a> Raw<'a> {
 
     fn failed(&self, field: &str) -> bool {
         self.failed.contains(&field)
+    }
+
+    /// One field: set, or its problem recorded. A key that is not a field but certainly means
+    /// one (`mountpath`, `sizee`) has its value checked as that field too, so that what is
+    /// wrong with the value is said in the same answer as the misspelling.
+    fn read_field(&mut self, key: &'a str, val: Val<'a>, problems: &mut Problems) {
+        if problems.check(self.set(key, val)).is_some() {
+            self.given.push(key);
+            return;
+        }
+        self.failed.push(key);
+        if is_field(key) || key.starts_with("attr.") {
+            return;
+        }
+        if let Some(field) = intended_field(key) {
+            if self.given.contains(&field) || self.failed.contains(&field) {
+                return;
+            }
+            match problems.check(self.set(field, val)) {
+                Some(()) => self.given.push(field),
+                None => self.failed.push(field),
+            }
+        }
     }
 
     fn set(&mut self, key: &'a str, val: Val<'a>) -> Result<(), Invalid> {
@@ -473,8 +615,9 @@ impl<'a> Raw<'a> {
             }
             "env" => put(&mut self.env, key, val.list(key)?),
             _ => bad(
-                match validate::closest(key, FIELDS.split(", ").filter(|f| !f.starts_with("attr.")))
-                {
+                match intended_field(key).or_else(|| {
+                    validate::closest(key, FIELDS.split(", ").filter(|f| !f.starts_with("attr.")))
+                }) {
                     Some(field) => format!("unknown field {}: did you mean {field}?", quoted(key)),
                     None => format!("unknown field {}; the fields are {FIELDS}", quoted(key)),
                 },
@@ -841,6 +984,98 @@ mod tests {
             err(&json.to_string()),
             "containers lists 2000 names, more than the 1024 a list may have"
         );
+    }
+
+    #[test]
+    fn one_annotation_says_every_problem_at_once_checking_a_misspelled_keys_value_as_its_field() {
+        let err = |v: &str| v.parse::<VolumeRequest>().unwrap_err().0;
+        assert_eq!(
+            err("type=emptyDir,sizee=10Gi,mountpath=scratch,medium=memory"),
+            "unknown field \"sizee\": did you mean size?; unknown field \"mountpath\": did you \
+             mean mountPath?; medium \"memory\" is not one of \"\" (node disk), Memory, HugePages; \
+             mountPath \"scratch\" must be an absolute path"
+        );
+        // Kubernetes' own names, snake case and other spellings lead to the field.
+        for (key, field) in [
+            ("sizeLimit", "size"),
+            ("sizelimit", "size"),
+            ("storageClassName", "storageClass"),
+            ("mount_path", "mountPath"),
+            ("read-only", "readOnly"),
+            ("container", "containers"),
+        ] {
+            assert_eq!(
+                err(&format!("type=emptyDir,mountPath=/x,{key}=1Gi"))
+                    .split(';')
+                    .next()
+                    .unwrap(),
+                format!("unknown field \"{key}\": did you mean {field}?")
+            );
+        }
+        // The misspelled field's value is read as that field: a good one is no second problem.
+        assert_eq!(
+            err("type=emptyDir,mountpath=/x"),
+            "unknown field \"mountpath\": did you mean mountPath?"
+        );
+    }
+
+    #[test]
+    fn every_hint_is_checked_by_the_parser_and_says_what_else_is_wrong() {
+        let err = |v: &str| v.parse::<VolumeRequest>().unwrap_err().0;
+        assert_eq!(
+            err("type=emptyDir; mountPath=/scratch; size=1Gi"),
+            "pairs are separated by commas, not by semicolons or spaces: did you mean \
+             \"type=emptyDir,mountPath=/scratch,size=1Gi\"?"
+        );
+        assert_eq!(
+            err("type=emptyDir mountPath=/scratch sizee=1Gi"),
+            "pairs are separated by commas, not by semicolons or spaces; read as \
+             \"type=emptyDir,mountPath=/scratch,sizee=1Gi\", it still has: unknown field \
+             \"sizee\": did you mean size?"
+        );
+        // A list's own `;` and spaces around `=` are not separators.
+        assert!(
+            "type=emptyDir,mountPath=/x,env=A;B"
+                .parse::<VolumeRequest>()
+                .is_ok()
+        );
+        assert!(
+            "type = emptyDir , mountPath = /x"
+                .parse::<VolumeRequest>()
+                .is_ok()
+        );
+        assert_eq!(
+            err("\"type=emptyDir,mountPath=/s\""),
+            "the value is wrapped in quotes, which are kept as part of it (a quoted string \
+             inside the annotation's own quotes); write it without them: did you mean \
+             \"type=emptyDir,mountPath=/s\"?"
+        );
+        assert_eq!(
+            err("[type:emptyDir, mountpath:/scratch, size:1Gi]"),
+            "\"[type:emptyDir, mountpath:/scratch, size:1Gi]\" looks like key:value pairs (or a \
+             Groovy map written as a string); write key=value pairs separated by commas: did you \
+             mean \"type=emptyDir,mountPath=/scratch,size=1Gi\"?"
+        );
+        assert_eq!(
+            err("[type:emptyDir, size:10GB, mountPath:/scratch]"),
+            "\"[type:emptyDir, size:10GB, mountPath:/scratch]\" looks like key:value pairs (or a \
+             Groovy map written as a string); write key=value pairs separated by commas; read as \
+             \"type=emptyDir,size=10GB,mountPath=/scratch\", it still has: size: invalid \
+             quantity \"10GB\": unknown suffix (use Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or \
+             m); did you mean 10G (powers of 1000) or 10Gi (powers of 1024)?"
+        );
+        for (size, hint) in [
+            ("1gi", "did you mean 1Gi?"),
+            ("10 Gi", "did you mean 10Gi?"),
+            ("1GiB", "did you mean 1Gi?"),
+            (
+                "1.5TB",
+                "did you mean 1.5T (powers of 1000) or 1.5Ti (powers of 1024)?",
+            ),
+        ] {
+            let message = err(&format!("type=emptyDir,mountPath=/x,size={size}"));
+            assert!(message.ends_with(hint), "{size}: {message}");
+        }
     }
 
     #[test]

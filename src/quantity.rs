@@ -196,8 +196,87 @@ impl fmt::Display for Quantity {
     }
 }
 
+/// What a quantity that cannot be read was most likely meant as, each of which can be read:
+/// spaces dropped (`10 Gi`), a binary suffix in the wrong case (`1gi`, `1GI`), a byte suffix
+/// (`10GB`: `10G` or `10Gi`, `1GiB`: `1Gi`), a decimal suffix in the wrong case (`10g`). Empty
+/// when nothing near reads.
+pub fn near_misses(input: &str) -> Vec<String> {
+    let compact: String = input.chars().filter(|c| !c.is_whitespace()).collect();
+    if compact != input && compact.parse::<Quantity>().is_ok() {
+        return vec![compact];
+    }
+    let digits = compact
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(compact.len());
+    let (number, suffix) = compact.split_at(digits);
+    if number.is_empty() {
+        return Vec::new();
+    }
+    let lower = suffix.to_ascii_lowercase();
+    let stem = lower
+        .strip_suffix("ib")
+        .map(|s| format!("{s}i"))
+        .or_else(|| lower.strip_suffix("bytes").map(str::to_owned))
+        .or_else(|| lower.strip_suffix('b').map(str::to_owned))
+        .unwrap_or_else(|| lower.clone());
+    let decimal = |s: &str| match s {
+        "k" => Some("k"),
+        "m" if suffix.starts_with('M') || lower.ends_with('b') => Some("M"),
+        "g" => Some("G"),
+        "t" => Some("T"),
+        "p" => Some("P"),
+        "e" => Some("E"),
+        _ => None,
+    };
+    let binary = |s: &str| match s {
+        "ki" | "k" => Some("Ki"),
+        "mi" | "m" => Some("Mi"),
+        "gi" | "g" => Some("Gi"),
+        "ti" | "t" => Some("Ti"),
+        "pi" | "p" => Some("Pi"),
+        "ei" | "e" => Some("Ei"),
+        _ => None,
+    };
+    let mut out: Vec<String> = Vec::new();
+    if stem.ends_with('i') {
+        out.extend(binary(&stem).map(|b| format!("{number}{b}")));
+    } else if stem.is_empty() {
+        out.push(number.to_owned());
+    } else {
+        out.extend(decimal(&stem).map(|d| format!("{number}{d}")));
+        out.extend(binary(&stem).map(|b| format!("{number}{b}")));
+    }
+    if out.is_empty() && compact != input {
+        out.push(compact.clone());
+    }
+    out.retain(|c| c != input && c.parse::<Quantity>().is_ok());
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    use super::near_misses;
+
+    #[test]
+    fn near_misses_are_only_quantities_that_read() {
+        for (input, want) in [
+            ("1gi", vec!["1Gi"]),
+            ("1GI", vec!["1Gi"]),
+            ("10GB", vec!["10G", "10Gi"]),
+            ("10gb", vec!["10G", "10Gi"]),
+            ("512MB", vec!["512M", "512Mi"]),
+            ("1GiB", vec!["1Gi"]),
+            ("10 Gi", vec!["10Gi"]),
+            ("2g", vec!["2G", "2Gi"]),
+            ("100bytes", vec!["100"]),
+            ("lots", vec![]),
+            ("1Zi", vec![]),
+        ] {
+            assert_eq!(near_misses(input), want, "{input}");
+        }
+    }
+
     use super::*;
 
     fn q(s: &str) -> Quantity {

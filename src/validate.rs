@@ -335,9 +335,16 @@ fn ignored_path(field: &str, path: &serde_ignored::Path<'_>) -> String {
 /// A size to give a volume: a valid quantity above zero (a zero `sizeLimit` is no limit at
 /// all to the kubelet, and the API server refuses a zero PVC request).
 pub fn parse_size(field: &str, s: &str) -> Result<Quantity, Invalid> {
-    let q = s
-        .parse::<Quantity>()
-        .map_err(|e| Invalid(format!("{field}: {e}")))?;
+    let q = s.parse::<Quantity>().map_err(|e| {
+        let near = crate::quantity::near_misses(s);
+        match near.as_slice() {
+            [] => Invalid(format!("{field}: {e}")),
+            [one] => Invalid(format!("{field}: {e}; did you mean {one}?")),
+            [decimal, binary, ..] => Invalid(format!(
+                "{field}: {e}; did you mean {decimal} (powers of 1000) or {binary} (powers of 1024)?"
+            )),
+        }
+    })?;
     if q.is_zero() {
         return bad(format!(
             "{field} {} is zero, which is no limit at all; give a size above zero",
