@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAMILIES = ["json-long-key", "json-deep-values", "json-nested-values", "json-small-objects", "json-unknown-fields",
             "json-long-lists", "many-annotations", "many-volume-annotations", "near-miss-annotations",
             "prefix-length-keys", "volumes-x-containers", "containers", "mounts", "containers-list",
-            "short-names-lists", "huge-names", "job-update"]
+            "short-names-lists", "unknown-pairs", "huge-names", "job-update"]
 STEPS = 5
 MAX_RATIO = 2.3
 

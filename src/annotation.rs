@@ -49,13 +49,19 @@ impl VolumeRequest {
         // A value refused as written may be one of two slips that hide every other problem:
         // then the hint is the fix (checked, as every suggestion is).
         self.read_text(trimmed).map_err(|e| {
+            let shown = || quoted(&crate::echo::without_attributes(trimmed));
             if let Some(inner) = unquoted(trimmed) {
                 Invalid(suggestion(
-                    "the value is wrapped in quotes, which are kept as part of it (a quoted \
-                     string inside the annotation's own quotes); write it without them",
+                    &format!(
+                        "the value {} is wrapped in quotes, which are kept as part of it (a \
+                         quoted string inside the annotation's own quotes); write it without them",
+                        shown()
+                    ),
                     inner,
                 ))
             } else if let Some(fixed) = comma_separated(trimmed) {
+                // The value as written is not quoted: split at its `;`, a CSI attribute's
+                // value could not be told from the pair after it.
                 Invalid(suggestion(
                     "pairs are separated by commas, not by semicolons or spaces",
                     &fixed,
@@ -128,6 +134,10 @@ fn unquoted(value: &str) -> Option<&str> {
         .filter(|inner| !inner.is_empty())
 }
 
+/// The most words after a `;` or a space, followed by `=` but not a field as written, whose
+/// meaning [`comma_separated`] looks up: a volume has fewer fields than this.
+const MAX_WORDS_LOOKED_UP: usize = 32;
+
 /// The value with commas between its pairs, when it separates them with semicolons or spaces
 /// (`type=emptyDir; mountPath=/scratch`, `type=emptyDir mountPath=/scratch`): a `;` or a run of
 /// spaces before a word that is a field (or one that certainly means a field) followed by `=`.
@@ -136,6 +146,7 @@ fn comma_separated(value: &str) -> Option<String> {
     let bytes = value.as_bytes();
     let mut out = String::with_capacity(value.len());
     let mut changed = false;
+    let mut looked_up = 0;
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
@@ -152,9 +163,14 @@ fn comma_separated(value: &str) -> Option<String> {
                 .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-'))
                 .unwrap_or(rest.len());
             let (word, after) = rest.split_at(word_end);
-            let pair_follows = trim(after).starts_with('=')
-                && !word.is_empty()
-                && (is_field(word) || intended_field(word).is_some());
+            let equals_follows = trim(after).starts_with('=') && !word.is_empty();
+            // A field as written is cheap to tell; what a word that is not one means is looked
+            // up for at most a few words.
+            let pair_follows = equals_follows
+                && (is_field(word) || {
+                    looked_up += 1;
+                    looked_up <= MAX_WORDS_LOOKED_UP && intended_field(word).is_some()
+                });
             // Spaces around `=` (`type = emptyDir`) are not separators.
             let at_value = value[..i].trim_end().ends_with('=');
             if pair_follows && !at_value && (semicolon || !value[..i].trim_end().ends_with(',')) {
@@ -173,10 +189,28 @@ fn comma_separated(value: &str) -> Option<String> {
     changed.then_some(out)
 }
 
+/// What is said of a key that is not a field: what it most likely means, or every field.
+fn unknown_field(key: &str) -> String {
+    let near = intended_field(key).or_else(|| {
+        // No field is longer than this: a longer key is compared with none.
+        (key.len() <= 32).then(|| {
+            validate::closest(key, FIELDS.split(", ").filter(|f| !f.starts_with("attr.")))
+        })?
+    });
+    match near {
+        Some(field) => format!("unknown field {}: did you mean {field}?", quoted(key)),
+        None => format!("unknown field {}; the fields are {FIELDS}", quoted(key)),
+    }
+}
+
 /// The field a key that is not one certainly means: the same but for case, `_` and `-`
 /// (`mountpath`, `mount_path`), a Kubernetes or common name for it (`sizeLimit`,
 /// `storageClassName`), or one edit away from it (`sizee`).
 fn intended_field(key: &str) -> Option<&'static str> {
+    // No field or alias is longer than this: a longer key means none.
+    if key.len() > 32 {
+        return None;
+    }
     let norm = |s: &str| -> String {
         s.chars()
             .filter(|c| *c != '_' && *c != '-')
@@ -185,7 +219,7 @@ fn intended_field(key: &str) -> Option<&'static str> {
     };
     let key_norm = norm(key);
     let fields = FIELDS.split(", ").filter(|f| !f.starts_with("attr."));
-    if let Some(f) = fields.clone().find(|f| norm(f) == key_norm) {
+    if let Some(f) = fields.clone().find(|f| f.eq_ignore_ascii_case(&key_norm)) {
         return Some(f);
     }
     let alias = match key_norm.as_str() {
@@ -204,7 +238,8 @@ fn intended_field(key: &str) -> Option<&'static str> {
         return fields.clone().find(|f| *f == alias);
     }
     fields
-        .filter(|f| strsim::osa_distance(&key.to_ascii_lowercase(), &f.to_ascii_lowercase()) == 1)
+        .filter(|f| f.len().abs_diff(key.len()) <= 1)
+        .filter(|f| strsim::osa_distance(&key_norm, &f.to_ascii_lowercase()) == 1)
         .min_by_key(|f| f.len().abs_diff(key.len()))
 }
 
@@ -534,14 +569,19 @@ impl<'a> Raw<'a> {
     /// one (`mountpath`, `sizee`) has its value checked as that field too, so that what is
     /// wrong with the value is said in the same answer as the misspelling.
     fn read_field(&mut self, key: &'a str, val: Val<'a>, problems: &mut Problems) {
-        if problems.check(self.set(key, val)).is_some() {
-            self.given.push(key);
-            return;
-        }
-        self.failed.push(key);
         if is_field(key) || key.starts_with("attr.") {
+            match problems.check(self.set(key, val)) {
+                Some(()) => self.given.push(key),
+                None => self.failed.push(key),
+            }
             return;
         }
+        // Not a field: named (with what it means) while problems are still said, else counted.
+        if problems.is_full() {
+            problems.push_with(String::new);
+            return;
+        }
+        problems.push_with(|| unknown_field(key));
         if let Some(field) = intended_field(key) {
             if self.given.contains(&field) || self.failed.contains(&field) {
                 return;
@@ -614,14 +654,7 @@ impl<'a> Raw<'a> {
                 put(&mut self.init_containers, key, t)
             }
             "env" => put(&mut self.env, key, val.list(key)?),
-            _ => bad(
-                match intended_field(key).or_else(|| {
-                    validate::closest(key, FIELDS.split(", ").filter(|f| !f.starts_with("attr.")))
-                }) {
-                    Some(field) => format!("unknown field {}: did you mean {field}?", quoted(key)),
-                    None => format!("unknown field {}; the fields are {FIELDS}", quoted(key)),
-                },
-            ),
+            _ => bad(unknown_field(key)),
         }?;
         if shorthand {
             self.note_shorthand(key);
@@ -1020,6 +1053,18 @@ mod tests {
     }
 
     #[test]
+    fn a_value_of_many_bad_pairs_says_the_first_twenty_problems_and_counts_the_rest() {
+        let pairs: Vec<String> = (0..50).map(|i| format!("k{i:02}=1")).collect();
+        let message = format!("type=emptyDir,mountPath=/x,{}", pairs.join(","))
+            .parse::<VolumeRequest>()
+            .unwrap_err()
+            .0;
+        assert_eq!(message.matches("unknown field").count(), 20, "{message}");
+        assert!(message.contains("\"k19\"") && !message.contains("\"k20\""), "{message}");
+        assert!(message.ends_with("; and 30 more problems"), "{message}");
+    }
+
+    #[test]
     fn every_hint_is_checked_by_the_parser_and_says_what_else_is_wrong() {
         let err = |v: &str| v.parse::<VolumeRequest>().unwrap_err().0;
         assert_eq!(
@@ -1046,7 +1091,8 @@ mod tests {
         );
         assert_eq!(
             err("\"type=emptyDir,mountPath=/s\""),
-            "the value is wrapped in quotes, which are kept as part of it (a quoted string \
+            "the value \"\\\"type=emptyDir,mountPath=/s\\\"\" is wrapped in quotes, which are \
+             kept as part of it (a quoted string \
              inside the annotation's own quotes); write it without them: did you mean \
              \"type=emptyDir,mountPath=/s\"?"
         );

@@ -21,9 +21,17 @@ pub fn bad<T>(msg: impl Into<String>) -> Result<T, Invalid> {
 }
 
 /// Every problem found in one value, in the order found, so that its author fixes all of them
-/// in one try. Finished into one [`Invalid`] whose reasons are joined by `"; "`.
+/// in one try. Finished into one [`Invalid`] whose reasons are joined by `"; "`. At most
+/// [`MAX_PROBLEMS`] are kept, the rest counted: a value of thousands of bad pairs costs no more
+/// per byte than a good one.
 #[derive(Debug, Default)]
-pub struct Problems(Vec<String>);
+pub struct Problems {
+    reasons: Vec<String>,
+    more: usize,
+}
+
+/// The most problems of one value that are said; the rest are counted.
+pub const MAX_PROBLEMS: usize = 20;
 
 impl Problems {
     /// Keeps the problem of `r`, if any; its value otherwise.
@@ -31,7 +39,7 @@ impl Problems {
         match r {
             Ok(v) => Some(v),
             Err(e) => {
-                self.0.push(e.0);
+                self.push(e.0);
                 None
             }
         }
@@ -39,21 +47,42 @@ impl Problems {
 
     /// Keeps one more problem.
     pub fn push(&mut self, reason: impl Into<String>) {
-        self.0.push(reason.into());
+        if self.is_full() {
+            self.more += 1;
+        } else {
+            self.reasons.push(reason.into());
+        }
+    }
+
+    /// Keeps one more problem, its reason written only if it is to be said.
+    pub fn push_with(&mut self, reason: impl FnOnce() -> String) {
+        if self.is_full() {
+            self.more += 1;
+        } else {
+            self.reasons.push(reason());
+        }
+    }
+
+    /// Whether [`MAX_PROBLEMS`] are kept already (more are only counted).
+    pub fn is_full(&self) -> bool {
+        self.reasons.len() >= MAX_PROBLEMS
     }
 
     /// Whether no problem was found.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.reasons.is_empty()
     }
 
     /// `value` when no problem was found, else every problem.
-    pub fn finish<T>(self, value: T) -> Result<T, Invalid> {
-        if self.0.is_empty() {
-            Ok(value)
-        } else {
-            Err(Invalid(self.0.join("; ")))
+    pub fn finish<T>(mut self, value: T) -> Result<T, Invalid> {
+        if self.reasons.is_empty() {
+            return Ok(value);
         }
+        if self.more > 0 {
+            self.reasons
+                .push(format!("and {} more problems", self.more));
+        }
+        Err(Invalid(self.reasons.join("; ")))
     }
 }
 

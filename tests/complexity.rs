@@ -325,6 +325,26 @@ fn families() -> Vec<Family> {
                 pod_review(&pod(Value::Object(annotations), json!([container("m")])))
             },
         },
+        // Values of many pairs the grammar does not know, separated by commas or by `;` (which
+        // asks for the separator hint, itself checked by the parser), in every volume annotation.
+        Family {
+            name: "unknown-pairs",
+            endpoint: Mutate,
+            review: |n| {
+                let count = grown(1, n).min(64);
+                let per = grown(15 * 1024, n) / count / 8;
+                let annotations: serde_json::Map<String, Value> = (0..count)
+                    .map(|i| {
+                        let sep = if i % 2 == 0 { "," } else { ";" };
+                        let pairs: Vec<String> =
+                            (0..per).map(|j| format!("k{}=1", j % 1000)).collect();
+                        let value = format!("type=emptyDir,mountPath=/v{i},{}", pairs.join(sep));
+                        (format!("ephemeral-volumes.io/v{i}"), Value::String(value))
+                    })
+                    .collect();
+                pod_review(&pod(Value::Object(annotations), json!([container("m")])))
+            },
+        },
         // Huge names: the pod's generateName and its container's name.
         Family {
             name: "huge-names",

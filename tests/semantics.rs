@@ -864,7 +864,8 @@ fn a_quoted_value_is_cut_never_the_reason() {
         )
     );
     assert!(d.message.contains("bytes in all)"), "{}", d.message);
-    assert!(!d.message.contains("value-0"), "{}", d.message);}
+    assert!(!d.message.contains("value-0"), "{}", d.message);
+}
 
 #[test]
 fn near_misses_get_the_string_that_was_meant() {
