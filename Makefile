@@ -153,5 +153,11 @@ chart: build
 
 # In a network and mount namespace of their own, with a real node (EVI_REQUIRE_NODE: its
 # tests fail rather than skip).
-e2e: build images sbom
-	EVI_REQUIRE_NODE=1 bash tests/e2e/in-netns.sh python3 -m pytest -q tests/e2e
+# `make e2e T=tests/e2e/test_admission.py` (or `T=tests/e2e/test_node.py::test_name`) runs one
+# module or test with only what it needs: the debug binary always; the image index and the SBOM
+# only for a module that uses the published release (its `published` fixture: test_node.py,
+# test_node_faults.py). Without T, every module, after everything.
+T ?=
+E2E_RELEASE := $(if $(T),$(shell grep -qw published $(firstword $(subst ::, ,$(T))) 2>/dev/null && echo yes),yes)
+e2e: build $(if $(E2E_RELEASE),images sbom)
+	EVI_REQUIRE_NODE=1 bash tests/e2e/in-netns.sh python3 -m pytest -q $(or $(T),tests/e2e)
