@@ -1060,7 +1060,10 @@ mod tests {
             .unwrap_err()
             .0;
         assert_eq!(message.matches("unknown field").count(), 20, "{message}");
-        assert!(message.contains("\"k19\"") && !message.contains("\"k20\""), "{message}");
+        assert!(
+            message.contains("\"k19\"") && !message.contains("\"k20\""),
+            "{message}"
+        );
         assert!(message.ends_with("; and 30 more problems"), "{message}");
     }
 

@@ -956,6 +956,30 @@ fn near_miss_keys_reach_the_api_servers_warnings() {
     );
 }
 
+/// The other ways a prefix is missed: without its domain, with another separator, alone, and
+/// the webhook's own status prefix set by hand. Its own status annotations are not hinted at.
+#[test]
+fn every_kind_of_near_miss_key_is_named_with_the_key_that_was_meant() {
+    let p = pod(json!({
+        "ephemeral-volumes/a": "type=emptyDir,mountPath=/a",
+        "ephemeral-volumes.io.b": "type=emptyDir,mountPath=/b",
+        "ephemeral-volumes.io": "type=emptyDir,mountPath=/c",
+        "injector.ephemeral-volumes.io/d": "type=emptyDir,mountPath=/d",
+        "injector.ephemeral-volumes.io/injected": "x",
+    }));
+    let d = decide(&Config::default(), &p);
+    assert_eq!(d.verdict, "unchanged");
+    assert_eq!(
+        d.warnings,
+        [
+            "annotation ephemeral-volumes.io is not read: it names no volume; write ephemeral-volumes.io/<volume name>",
+            "annotation ephemeral-volumes.io.b is not read: the annotation prefix is ephemeral-volumes.io; did you mean ephemeral-volumes.io/b?",
+            "annotation ephemeral-volumes/a is not read: the annotation prefix is ephemeral-volumes.io; did you mean ephemeral-volumes.io/a?",
+            "annotation injector.ephemeral-volumes.io/d is not read: injector.ephemeral-volumes.io/ is the webhook's own status; did you mean ephemeral-volumes.io/d?",
+        ]
+    );
+}
+
 // === Guards: an audited rule, profile or default decides as enforced, and changes nothing ===
 
 #[test]

@@ -291,10 +291,83 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
     // And at most this many are measured in all: hints are a courtesy, and a pod of thousands
     // of keys of the prefix's length, each another, would otherwise cost a distance each.
     let mut measured = 0;
-    for key in pod.annotations().into_iter().flatten().map(|(k, _)| &**k) {
+    let status_prefix = cfg
+        .injected
+        .key
+        .rsplit_once('/')
+        .map_or("", |(status, _)| status);
+    let mut hint = |hints: &mut Vec<String>, text: String| {
+        // More than a response carries are counted, not written.
+        if hints.len() >= bounds::MAX_WARNINGS {
+            unwritten += 1;
+        } else {
+            hints.push(text);
+        }
+    };
+    for (key, value) in pod
+        .annotations()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (&**k, &**v))
+    {
         let Some((other, name)) = validate::split_once_byte(key, b'/') else {
+            // The prefix alone, or the prefix with another separator (`<prefix>.scratch`).
+            if let Some(rest) = key.strip_prefix(prefix) {
+                let name = rest.trim_start_matches(['.', '_', '-', ':']);
+                hint(
+                    &mut hints,
+                    if name.is_empty() {
+                        format!(
+                            "annotation {key} is not read: it names no volume; write {prefix}/<volume name>"
+                        )
+                    } else {
+                        format!(
+                            "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
+                        )
+                    },
+                );
+            }
             continue;
         };
+        // The webhook's status domain, given a volume request by hand (a value that reads as
+        // one: key=value pairs, a JSON object or a profile of the configuration).
+        if other == status_prefix {
+            // Read only while warnings are still written: at most MAX_WARNINGS values.
+            let asks = hints.len() < bounds::MAX_WARNINGS
+                && value.len() <= bounds::MAX_VALUE_BYTES
+                && ((value.contains('=') || value.trim_start().starts_with('{'))
+                    && value.parse::<crate::volume::VolumeRequest>().is_ok()
+                    || cfg.profiles.contains_key(value.trim()));
+            if asks
+                && ![
+                    cfg.injected.key.as_str(),
+                    cfg.error.key.as_str(),
+                    cfg.cluster_check.key.as_str(),
+                ]
+                .contains(&key)
+            {
+                hint(
+                    &mut hints,
+                    format!(
+                        "annotation {key} is not read: {status_prefix}/ is the webhook's own status; did you mean {prefix}/{name}?"
+                    ),
+                );
+            }
+            continue;
+        }
+        // The prefix without its domain (`ephemeral-volumes/scratch`).
+        if other.len() < prefix.len()
+            && prefix.starts_with(other)
+            && prefix.as_bytes().get(other.len()) == Some(&b'.')
+        {
+            hint(
+                &mut hints,
+                format!(
+                    "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
+                ),
+            );
+            continue;
+        }
         let near = match last {
             Some((seen, near)) if seen == other => near,
             _ if measured >= bounds::MAX_PREFIXES_MEASURED => break,
@@ -313,14 +386,12 @@ pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
             }
         };
         if near {
-            // More than a response carries are counted, not written.
-            if hints.len() >= bounds::MAX_WARNINGS {
-                unwritten += 1;
-                continue;
-            }
-            hints.push(format!(
-                "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
-            ));
+            hint(
+                &mut hints,
+                format!(
+                    "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
+                ),
+            );
         }
     }
     if unwritten > 0 {
