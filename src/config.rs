@@ -85,6 +85,9 @@ struct FileOverride {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileRule {
+    /// Empty when missing: refused by name, after the rest of the rule is read (so that its
+    /// other errors come in the same answer).
+    #[serde(default)]
     name: String,
     namespaces: Option<Vec<String>>,
     pod_selector: Option<Value>,
@@ -530,7 +533,20 @@ fn compile(file: FileConfig, mut errors: Vec<String>) -> Result<Config, ConfigEr
     }
     cfg.policy = compile_policy(file.policy.clone(), "policy", &mut errors);
     cfg.overrides = compile_overrides(&file.policy, file.policy_overrides, &mut errors);
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
     for (i, rule) in file.rules {
+        if rule.name.is_empty() {
+            errors.push(format!(
+                "rules[{i}]: missing field name (rules are named in warnings, metrics and audit results)"
+            ));
+        } else if let Some(first) = names.get(&rule.name) {
+            errors.push(format!(
+                "rules[{i}] ({}): the name is rules[{first}]'s too; each rule needs its own (warnings, metrics and audit results name rules by it)",
+                rule.name
+            ));
+        } else {
+            names.insert(rule.name.clone(), i);
+        }
         // A profile that failed to compile is reported where it is defined, not again here.
         let defined = |p: &str| cfg.profiles.contains_key(p) || file.profiles.contains_key(p);
         let written = rule.volumes.len();
@@ -1080,6 +1096,26 @@ policy:
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_rule_without_a_name_says_its_other_errors_too_and_rule_names_are_unique() {
+        let e = Config::parse(
+            "rules:\n  - {name: a, namespaces: [x], volumes: {s: 'type=emptyDir,mountPath=/s'}}\n  \
+             - {namespaces: [y], volumes: {t: 'type=emptyDir,sizee=1Gi,mountPath=/t'}}\n  \
+             - {name: a, namespaces: [z], volumes: {u: 'type=emptyDir,mountPath=/u'}}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rules[1]: missing field name"), "{e}");
+        assert!(
+            e.contains("unknown field \"sizee\": did you mean size?"),
+            "{e}"
+        );
+        assert!(
+            e.contains("rules[2] (a): the name is rules[0]'s too"),
+            "{e}"
+        );
     }
 
     #[test]
