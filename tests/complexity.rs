@@ -87,6 +87,27 @@ fn json_items(n: u32, item: &str) -> Vec<u8> {
     pod_review(&pod(Value::Object(annotations), json!([container("main")])))
 }
 
+/// Up to 64 volume annotations, ~15 KiB of values in each at the largest step: annotation `i`
+/// is `value(i, per)`, where `per` is the number of list items or pairs a value of that size has
+/// room for at `item_bytes` bytes each.
+fn volume_annotations(
+    n: u32,
+    item_bytes: usize,
+    value: impl Fn(usize, usize) -> String,
+) -> Vec<u8> {
+    let count = grown(1, n).min(64);
+    let per = grown(15 * 1024, n) / count / item_bytes;
+    let annotations: serde_json::Map<String, Value> = (0..count)
+        .map(|i| {
+            (
+                format!("ephemeral-volumes.io/v{i}"),
+                Value::String(value(i, per)),
+            )
+        })
+        .collect();
+    pod_review(&pod(Value::Object(annotations), json!([container("m")])))
+}
+
 const SCRATCH: &str = "type=emptyDir,size=1Gi,mountPath=/scratch,env=TMPDIR";
 
 fn families() -> Vec<Family> {
@@ -147,24 +168,14 @@ fn families() -> Vec<Family> {
             name: "json-long-lists",
             endpoint: Mutate,
             review: |n| {
-                let count = grown(1, n).min(64);
-                let per = grown(15 * 1024, n) / count / 4;
-                let annotations: serde_json::Map<String, Value> = (0..count)
-                    .map(|i| {
-                        let list = if i % 2 == 0 {
-                            json!(vec!["m"; per])
-                        } else {
-                            json!(vec![0; per])
-                        };
-                        let value =
-                            json!({"type": "emptyDir", "mountPath": "/s", "containers": list});
-                        (
-                            format!("ephemeral-volumes.io/v{i}"),
-                            Value::String(value.to_string()),
-                        )
-                    })
-                    .collect();
-                pod_review(&pod(Value::Object(annotations), json!([container("main")])))
+                volume_annotations(n, 4, |i, per| {
+                    let list = if i % 2 == 0 {
+                        json!(vec!["m"; per])
+                    } else {
+                        json!(vec![0; per])
+                    };
+                    json!({"type": "emptyDir", "mountPath": "/s", "containers": list}).to_string()
+                })
             },
         },
         // Thousands of key=value annotations that are not the webhook's, and one that is.
@@ -311,18 +322,12 @@ fn families() -> Vec<Family> {
             name: "short-names-lists",
             endpoint: Mutate,
             review: |n| {
-                let count = grown(1, n).min(64);
-                let per = grown(15 * 1024, n) / count / 2;
-                let annotations: serde_json::Map<String, Value> = (0..count)
-                    .map(|i| {
-                        let value = format!(
-                            "type=emptyDir,mountPath=/v{i},containers={}",
-                            vec!["m"; per].join(";")
-                        );
-                        (format!("ephemeral-volumes.io/v{i}"), Value::String(value))
-                    })
-                    .collect();
-                pod_review(&pod(Value::Object(annotations), json!([container("m")])))
+                volume_annotations(n, 2, |i, per| {
+                    format!(
+                        "type=emptyDir,mountPath=/v{i},containers={}",
+                        vec!["m"; per].join(";")
+                    )
+                })
             },
         },
         // Values of many pairs the grammar does not know, separated by commas or by `;` (which
@@ -331,18 +336,11 @@ fn families() -> Vec<Family> {
             name: "unknown-pairs",
             endpoint: Mutate,
             review: |n| {
-                let count = grown(1, n).min(64);
-                let per = grown(15 * 1024, n) / count / 8;
-                let annotations: serde_json::Map<String, Value> = (0..count)
-                    .map(|i| {
-                        let sep = if i % 2 == 0 { "," } else { ";" };
-                        let pairs: Vec<String> =
-                            (0..per).map(|j| format!("k{}=1", j % 1000)).collect();
-                        let value = format!("type=emptyDir,mountPath=/v{i},{}", pairs.join(sep));
-                        (format!("ephemeral-volumes.io/v{i}"), Value::String(value))
-                    })
-                    .collect();
-                pod_review(&pod(Value::Object(annotations), json!([container("m")])))
+                volume_annotations(n, 8, |i, per| {
+                    let sep = if i % 2 == 0 { "," } else { ";" };
+                    let pairs: Vec<String> = (0..per).map(|j| format!("k{}=1", j % 1000)).collect();
+                    format!("type=emptyDir,mountPath=/v{i},{}", pairs.join(sep))
+                })
             },
         },
         // Huge names: the pod's generateName and its container's name.
