@@ -259,7 +259,7 @@ fn preview_all(
             String::new()
         };
         let kind = object["kind"].as_str().unwrap_or_default();
-        let Some(pointer) = workload::template_path(kind) else {
+        let Some(pointer) = workload::template_path_of(object) else {
             // A Service, a ConfigMap, …: as it came, in its place.
             eprintln!("note: {which}{kind} has no pod template; passed through unchanged");
             previews.push(workload::Preview {
@@ -270,6 +270,14 @@ fn preview_all(
             });
             continue;
         };
+        if workload::template_path(kind).is_none() {
+            // A custom workload: what its pods would get, and that the chart does not send it.
+            eprintln!(
+                "note: {which}{kind} is not a kind the chart sends to /validate; its pod template \
+                 at spec.template is previewed as a Deployment's would be (its pods get the same \
+                 at creation)"
+            );
+        }
         let known = inputs.cluster.as_ref().map(|state| crate::cluster::Known {
             state,
             complete: true,

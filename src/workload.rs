@@ -145,6 +145,22 @@ pub fn template_path(kind: &str) -> Option<&'static str> {
         .map(|w| w.template.pointer())
 }
 
+/// Where an object keeps its pod: a supported kind's place, else `spec.template` when it holds a
+/// pod template (`spec.template.spec`), as custom workloads do (Argo Rollouts, Knative,
+/// OpenKruise): previewed as a Deployment's would be.
+pub fn template_path_of(object: &Value) -> Option<&'static str> {
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    template_path(kind).or_else(|| {
+        object
+            .pointer("/spec/template/spec")
+            .is_some_and(Value::is_object)
+            .then(|| TemplateAt::Spec.pointer())
+    })
+}
+
 /// The supported workload kinds, for messages: `Job, CronJob, … or ReplicationController`.
 fn supported_kinds() -> String {
     let kinds: Vec<&str> = WORKLOADS.iter().map(|w| w.kind).collect();
@@ -218,7 +234,7 @@ pub fn preview(
         .and_then(Value::as_str)
         .unwrap_or_default();
     let base =
-        template_path(kind).ok_or_else(|| WorkloadError::UnsupportedKind(kind.to_owned()))?;
+        template_path_of(object).ok_or_else(|| WorkloadError::UnsupportedKind(kind.to_owned()))?;
     let pod_json = object
         .pointer(base)
         .ok_or_else(|| WorkloadError::NoTemplate {

@@ -788,6 +788,42 @@ fn mutate_passes_other_kinds_through_in_order_and_takes_file_positionally() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
+/// A custom workload with a pod template at `spec.template` (an Argo Rollout) is previewed as
+/// a Deployment's would be: its template patched, or refused with the reason its pods would get
+/// (it was passed through with "has no pod template", exit 0 even with --strict).
+#[test]
+fn mutate_previews_a_custom_workloads_pod_template_as_a_deployments() {
+    let rollout = |value: &str| {
+        format!(
+            "apiVersion: argoproj.io/v1alpha1\nkind: Rollout\nmetadata: {{name: r}}\nspec:\n  template:\n    \
+             metadata:\n      annotations: {{ephemeral-volumes.io/s: \"{value}\"}}\n    spec:\n      \
+             containers: [{{name: main, image: busybox}}]\n"
+        )
+    };
+    let out = run(
+        &["mutate", "-", "-o", "json"],
+        Some(&rollout("type=emptyDir,mountPath=/s,size=1Gi")),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["spec"]["template"]["spec"]["volumes"][0]["name"], "s");
+    assert!(
+        text(&out.stderr).contains("Rollout is not a kind the chart sends to /validate"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(
+        &["mutate", "-", "--strict"],
+        Some(&rollout("type=emptyDir,mountPath=/s,size=10GB")),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid quantity \"10GB\""),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// Requests the webhook would never see: a warning each (exit 0), and with --strict exit 1.
 #[test]
 fn mutate_warns_of_annotations_the_webhook_never_reads() {
