@@ -324,7 +324,7 @@ impl VolumeRequest {
             serde_json::from_str(text).map_err(|e| {
                 Invalid(format!(
                     "expected the volume's fields (a JSON object): {}",
-                    e.to_string().split(" at line ").next().unwrap_or_default()
+                    validate::without_position(&e.to_string())
                 ))
             })?;
         let fields: Vec<(&str, JsonField<'_>)> = fields
@@ -386,9 +386,13 @@ impl<'a> JsonField<'a> {
     /// The value as a message shows it: compact JSON, cut to [`crate::echo::VALUE_LIMIT`].
     fn shown(&self) -> String {
         let text = self.raw.get();
-        match serde_json::from_str::<Value>(text) {
-            Ok(v) if text.len() <= crate::echo::VALUE_LIMIT => v.to_string(),
-            _ => crate::echo::bounded(text, crate::echo::VALUE_LIMIT).into_owned(),
+        // Re-read (to compact it) only when it is short: a long one is shown cut, as written.
+        let compact = (text.len() <= crate::echo::VALUE_LIMIT)
+            .then(|| serde_json::from_str::<Value>(text).ok())
+            .flatten();
+        match compact {
+            Some(v) => v.to_string(),
+            None => crate::echo::bounded(text, crate::echo::VALUE_LIMIT).into_owned(),
         }
     }
 }
@@ -600,11 +604,11 @@ impl<'a> Raw<'a> {
             return;
         }
         // Not a field: named (with what it means) while problems are still said, else counted.
-        if problems.is_full() {
-            problems.push_with(String::new);
+        let counted_only = problems.is_full();
+        problems.push_with(|| unknown_field(key));
+        if counted_only {
             return;
         }
-        problems.push_with(|| unknown_field(key));
         if let Some(field) = intended_field(key) {
             if self.given.contains(&field) || self.failed.contains(&field) {
                 return;

@@ -126,7 +126,7 @@ pub fn parse_json_strict(text: &str) -> Result<Value, Invalid> {
 }
 
 /// A serde_json message without the ` at line 1 column 7` it ends in.
-fn without_position(message: &str) -> &str {
+pub(crate) fn without_position(message: &str) -> &str {
     message.split(" at line ").next().unwrap_or(message)
 }
 
