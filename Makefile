@@ -160,4 +160,4 @@ chart: build
 T ?=
 E2E_RELEASE := $(if $(T),$(shell grep -qw published $(firstword $(subst ::, ,$(T))) 2>/dev/null && echo yes),yes)
 e2e: build $(if $(E2E_RELEASE),images sbom)
-	EVI_REQUIRE_NODE=1 bash tests/e2e/in-netns.sh python3 -m pytest -q $(or $(T),tests/e2e)
+	EVI_REQUIRE_NODE=1 bash tests/e2e/in-netns.sh python3 -m pytest -q --durations=30 $(or $(T),tests/e2e)
