@@ -47,7 +47,8 @@ pub struct CheckInstallArgs {
     /// How long to keep trying before reporting the last cause.
     #[arg(long, default_value_t = 60)]
     pub timeout_seconds: u64,
-    /// The API server's kubeconfig (default: the pod's service account).
+    /// The API server's kubeconfig. Without it, as kubectl: `$KUBECONFIG`, else
+    /// `~/.kube/config`, else the pod's service account.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 }
@@ -101,6 +102,11 @@ pub enum Cause {
         "the check's ServiceAccount may not create pods or Jobs in the namespace (RBAC); the chart grants it in checkInstall.namespace"
     )]
     Forbidden,
+    /// No answer from the API server itself.
+    #[error(
+        "cannot reach the API server: is the kubeconfig's server address right, and is it reachable from here?"
+    )]
+    ApiServerUnreachable,
     /// Anything else the API server said.
     #[error("the API server refused the dry run for another reason")]
     Other,
@@ -111,7 +117,8 @@ pub enum Cause {
 pub struct Failure {
     /// Why.
     pub cause: Cause,
-    /// What the API server said (empty when it said nothing).
+    /// What the API server said, or the client's error when there was no answer (empty when
+    /// there is nothing to add).
     pub detail: String,
 }
 
@@ -200,8 +207,8 @@ fn api_failure(e: kube::Error, request: &str) -> Failure {
             detail: status.message.clone(),
         },
         other => Failure {
-            cause: Cause::Other,
-            detail: format!("cannot reach the API server: {other}"),
+            cause: Cause::ApiServerUnreachable,
+            detail: other.to_string(),
         },
     }
 }
@@ -280,17 +287,20 @@ pub fn run(args: &CheckInstallArgs) -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let client = match crate::server::api_client(args.kubeconfig.as_deref()).await {
-            Ok(Some(c)) => c,
-            Ok(None) => {
-                eprintln!("check-install: no --kubeconfig and not running in a cluster");
-                return ExitCode::from(2);
-            }
+        let Some(source) = crate::server::cluster_source(args.kubeconfig.as_deref()) else {
+            eprintln!(
+                "check-install: no cluster to check: no --kubeconfig, no KUBECONFIG, no ~/.kube/config, and not running in a pod"
+            );
+            return ExitCode::from(2);
+        };
+        let client = match crate::server::client_for(&source).await {
+            Ok(c) => c,
             Err(e) => {
                 eprintln!("check-install: {e}");
                 return ExitCode::from(2);
             }
         };
+        println!("check-install: the cluster of {source}");
         let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
         let mut attempts = 0u32;
         loop {
@@ -325,7 +335,11 @@ pub fn run(args: &CheckInstallArgs) -> ExitCode {
                 Some((which, f)) if Instant::now() >= deadline => {
                     eprintln!("check-install: FAILED: {which}: {}", f.cause);
                     if !f.detail.is_empty() {
-                        eprintln!("check-install: the API server said: {}", f.detail);
+                        let whose = match f.cause {
+                            Cause::ApiServerUnreachable => "the client's error",
+                            _ => "the API server said",
+                        };
+                        eprintln!("check-install: {whose}: {}", f.detail);
                     }
                     eprintln!(
                         "check-install: {attempts} attempt(s) over {} s in namespace {}",

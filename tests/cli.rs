@@ -274,15 +274,18 @@ fn check_config_lists_every_error() {
 
 #[test]
 fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() {
+    let home = tempfile::tempdir().unwrap();
     let out = bin()
         .args(["check-install"])
         .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG")
+        .env("HOME", home.path())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("check-install: no --kubeconfig and not running in a cluster"),
+        err.contains("check-install: no cluster to check: no --kubeconfig, no KUBECONFIG, no ~/.kube/config, and not running in a pod"),
         "{err}"
     );
     let out = run(
@@ -295,6 +298,56 @@ fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() 
         err.contains("check-install: kubeconfig /nonexistent/kubeconfig:"),
         "{err}"
     );
+}
+
+/// As kubectl: `$KUBECONFIG`, else `~/.kube/config`; an API server that does not answer is one
+/// cause, said once.
+#[test]
+fn check_install_finds_its_cluster_as_kubectl_does_and_names_one_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let kubeconfig = "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+        clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
+        users: [{name: u, user: {token: t}}]\n\
+        contexts: [{name: c, context: {cluster: k, user: u}}]\n";
+    let env_file = dir.path().join("env-kubeconfig");
+    std::fs::write(&env_file, kubeconfig).unwrap();
+    std::fs::create_dir_all(dir.path().join("home/.kube")).unwrap();
+    std::fs::write(dir.path().join("home/.kube/config"), kubeconfig).unwrap();
+    let check = |env: Option<&Path>| {
+        let mut cmd = bin();
+        cmd.args(["check-install", "--timeout-seconds", "0"])
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("HOME", dir.path().join("home"));
+        match env {
+            Some(p) => cmd.env("KUBECONFIG", p),
+            None => cmd.env_remove("KUBECONFIG"),
+        };
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = check(Some(&env_file));
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "check-install: the cluster of KUBECONFIG={}",
+            env_file.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        err.contains("check-install: FAILED: pod webhook: cannot reach the API server"),
+        "{err}"
+    );
+    assert!(err.contains("check-install: the client's error: "), "{err}");
+    assert!(!err.contains("another reason"), "{err}");
+    let (code, out, err) = check(None);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("/home/.kube/config"), "{out}");
 }
 
 const STREAM: &str = r#"

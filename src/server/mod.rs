@@ -25,7 +25,9 @@ mod tasks;
 pub mod tls;
 mod watch;
 
-pub use watch::{ClusterAccessError, client as api_client};
+pub use watch::{
+    ClusterAccessError, ClusterSource, client as api_client, client_for, cluster_source,
+};
 mod webhook;
 
 use std::{
