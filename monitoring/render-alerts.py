@@ -6,12 +6,14 @@ written to monitoring/alerts.yaml. One source, so the two never disagree.
   python3 monitoring/render-alerts.py          # rewrite monitoring/alerts.yaml
   python3 monitoring/render-alerts.py --check  # fail if it is stale
   python3 monitoring/render-alerts.py --set k=v ... --out FILE   # other values (tests)
-`make chart` runs the check; needs helm.
+Needs helm 3 on PATH (`make tools-base` installs it; any helm 3 will do), and PyYAML.
+`make chart` runs the check.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +48,15 @@ def render(sets: list[str]) -> str:
     for s in sets:
         args += ["--set", s]
     args += ["--show-only", "templates/prometheusrule.yaml"]
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    if shutil.which("helm") is None:
+        raise SystemExit(
+            "render-alerts: helm is needed (it renders the chart's PrometheusRule) and is not on PATH: "
+            "install helm 3, or run `make tools-base`"
+        )
+    done = subprocess.run(args, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"render-alerts: helm template failed:\n{done.stderr.strip()}")
+    out = done.stdout
     rule = yaml.safe_load(out)
     return HEADER + yaml.dump(rule["spec"], Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
 

@@ -304,7 +304,7 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor<'_, 'de> {
 }
 
 /// The most unknown fields one source names; the rest are counted.
-const UNKNOWN_LIMIT: usize = crate::echo::LIST_LIMIT;
+pub const UNKNOWN_LIMIT: usize = crate::echo::LIST_LIMIT;
 
 /// Deserializes a Kubernetes type and refuses any field the type does not know: k8s-openapi
 /// ignores unknown fields, which would turn `sizeLimt` into a silently unlimited volume.

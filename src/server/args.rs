@@ -16,7 +16,8 @@ pub enum LogFormat {
 /// `serve`'s flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Webhook address (HTTPS); the webhook path is POST /mutate.
+    /// Webhook address (HTTPS): POST /mutate (pods) and POST /validate (workloads: Jobs,
+    /// CronJobs, Deployments… whose pod template asks for volumes).
     #[arg(long, env = "EVI_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
     /// Admin address (plain HTTP): /healthz, /readyz, /metrics.
@@ -110,7 +111,8 @@ pub struct ServeArgs {
     #[arg(long, env = "EVI_IDLE_TIMEOUT_SECONDS", default_value = "120", value_parser = seconds)]
     pub idle_timeout_seconds: Duration,
     /// Seconds an HTTP/2 connection may stay open with no request in flight (pings do not
-    /// count). The API server speaks HTTP/1.1 to webhooks; HTTP/2 clients reconnect cheaply.
+    /// count). The API server speaks HTTP/2 to a webhook that offers it (as this one does, by
+    /// ALPN), all its calls over one connection; it reconnects cheaply.
     #[arg(long, env = "EVI_H2_IDLE_TIMEOUT_SECONDS", default_value = "60", value_parser = seconds)]
     pub h2_idle_timeout_seconds: Duration,
     /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a

@@ -12,6 +12,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -236,3 +237,14 @@ def test_every_alert_has_a_runbook():
         assert body, f"docs/alerts.md has no section ## {rule['alert']}"
         for part in ("What you see", "Likely causes", "What to do"):
             assert f"**{part}**" in body, f"{rule['alert']}: no **{part}** in its runbook"
+
+
+def test_render_alerts_without_helm_says_it_needs_helm(tmp_path):
+    # A PATH with python3 but no helm: one line naming what is missing, not a traceback.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
+    done = subprocess.run([str(bin_dir / "python3"), str(MONITORING / "render-alerts.py"), "--check"],
+                          env={**os.environ, "PATH": str(bin_dir)}, capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "helm is needed" in done.stderr and "Traceback" not in done.stderr, done.stderr
