@@ -45,9 +45,11 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Preview what the webhook would do to a Pod or a workload's pod template.
     Mutate(MutateArgs),
-    /// Validate a configuration file; lists every error.
+    /// Validate a configuration; lists every error. FILE is the configuration, the chart's
+    /// values file (its `config:` value) or the chart's ConfigMap (alone or among the other
+    /// manifests `helm template` prints); it says which it read.
     CheckConfig {
-        /// The configuration file (YAML).
+        /// The configuration, a Helm values file or a ConfigMap manifest (YAML).
         file: PathBuf,
     },
     /// Check that the webhook is wired into the API server: a dry-run pod gets its volume and
@@ -127,11 +129,18 @@ pub fn run(cli: Cli) -> ExitCode {
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
-        Ok(cfg) => {
+    let parsed = std::fs::read_to_string(file)
+        .map_err(|e| ConfigError::Read {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })
+        .and_then(|text| crate::config_file::configuration_in(&text))
+        .map(|(text, found)| (Config::parse(&text), found));
+    match parsed {
+        Ok((Ok(cfg), found)) => {
             let count = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
             println!(
-                "{}: valid ({}, {}, annotation prefix {})",
+                "{}: {found}: valid ({}, {}, annotation prefix {})",
                 file.display(),
                 count(cfg.profiles.len(), "profile"),
                 count(cfg.rules.len(), "rule"),
@@ -139,14 +148,21 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(ConfigError::Invalid(errors)) => {
-            eprintln!("{}: invalid configuration", file.display());
+        Ok((Err(ConfigError::Invalid(errors)), found)) => {
+            eprintln!("{}: {found}: invalid configuration", file.display());
             for e in errors {
                 eprintln!("  - {e}");
             }
             ExitCode::from(1)
         }
-        Err(e @ ConfigError::Read { .. }) => {
+        Err(ConfigError::Invalid(errors)) => {
+            eprintln!("{}: invalid", file.display());
+            for e in errors {
+                eprintln!("  - {e}");
+            }
+            ExitCode::from(1)
+        }
+        Ok((Err(e @ ConfigError::Read { .. }), _)) | Err(e @ ConfigError::Read { .. }) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
@@ -202,9 +218,9 @@ struct Inputs {
 /// Reads the configuration, the cluster objects and the documents; the error names the file.
 fn read_inputs(args: &MutateArgs) -> Result<Inputs, String> {
     let cfg = match &args.config {
-        Some(path) => {
-            Config::load(path).map_err(|e| format!("configuration {}: {e}", path.display()))?
-        }
+        Some(path) => crate::config_file::load(path)
+            .map(|(cfg, _)| cfg)
+            .map_err(|e| format!("configuration {}: {e}", path.display()))?,
         None => Config::default(),
     };
     let cluster = match &args.cluster {

@@ -10,6 +10,7 @@ pub mod annotation;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod config_file;
 pub mod decision;
 pub mod echo;
 pub mod engine;

@@ -272,6 +272,79 @@ fn check_config_lists_every_error() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// What a platform engineer has in hand: the chart's values file, or the ConfigMap `helm
+/// template` prints among the other manifests; check-config says which it read and lists every
+/// problem in it.
+#[test]
+fn check_config_reads_a_values_file_and_a_rendered_configmap() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "profiles:\n  scratch: {mountPath: /scratch, emptyDir: {sizeLimt: 1Gi}}\nrules:\n  - {namespaces: [nf], volumes: {s: {profile: scratch, sizee: 1Gi}}}\n";
+    let indent = |n: usize| -> String {
+        config
+            .lines()
+            .map(|l| format!("{}{l}\n", " ".repeat(n)))
+            .collect()
+    };
+    let values = dir.path().join("my-values.yaml");
+    std::fs::write(&values, format!("replicaCount: 2\nconfig:\n{}", indent(2))).unwrap();
+    let rendered = dir.path().join("rendered.yaml");
+    std::fs::write(
+        &rendered,
+        format!(
+            "---\n# Source: ephemeral-volume-injector/templates/service.yaml\napiVersion: v1\nkind: Service\nmetadata: {{name: evi}}\n---\n# Source: ephemeral-volume-injector/templates/configmap.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: evi-config\ndata:\n  config.yaml: |\n{}",
+            indent(4)
+        ),
+    )
+    .unwrap();
+    for (file, found) in [
+        (&values, "the `config` value of a Helm values file"),
+        (
+            &rendered,
+            "data.\"config.yaml\" of ConfigMap evi-config (document 2)",
+        ),
+    ] {
+        let out = run(&["check-config", file.to_str().unwrap()], None);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with(&format!(
+                "{}: {found}: invalid configuration\n",
+                file.display()
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("profiles.scratch: unknown field emptyDir.sizeLimt"),
+            "{err}"
+        );
+        assert!(err.contains("rules[0]: missing field name"), "{err}");
+        assert!(err.contains("sizee"), "{err}");
+        // Nothing of the wrapping is taken for a configuration field.
+        for wrapper in [
+            "replicaCount",
+            "apiVersion",
+            "\"data\"",
+            "unknown field config",
+        ] {
+            assert!(!err.contains(wrapper), "{wrapper}: {err}");
+        }
+    }
+    let good = dir.path().join("good-values.yaml");
+    std::fs::write(
+        &good,
+        "config:\n  profiles:\n    scratch: {mountPath: /scratch, emptyDir: {sizeLimit: 1Gi}}\n",
+    )
+    .unwrap();
+    let out = run(&["check-config", good.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout)
+            .contains("the `config` value of a Helm values file: valid (1 profile, 0 rules"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() {
     let home = tempfile::tempdir().unwrap();
