@@ -1,7 +1,10 @@
 //! The cluster-wide configuration file (`docs/configuration.md`): parsed, validated whole, then compiled into a
 //! [`Config`] the engine reads without further checks.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -138,7 +141,7 @@ pub struct Config {
     /// `mode`: the default of every rule and profile; `audit` audits the whole configuration.
     pub mode: Mode,
     /// The profiles with `mode: audit` (a request naming one is audited, not served).
-    pub audited_profiles: std::collections::BTreeSet<String>,
+    pub audited_profiles: BTreeSet<String>,
     /// `clusterChecks`.
     pub cluster_checks: crate::cluster::Mode,
     /// `profiles`, by name.
@@ -302,7 +305,7 @@ impl Config {
             cluster_check: StatusKey::new(prefix, "cluster-check"),
             on_error: OnError::Deny,
             mode: Mode::Enforce,
-            audited_profiles: std::collections::BTreeSet::new(),
+            audited_profiles: BTreeSet::new(),
             cluster_checks: crate::cluster::Mode::default(),
             profiles: BTreeMap::new(),
             rules: Vec::new(),
@@ -649,13 +652,16 @@ fn check_rule(
             "{at}.volumes is empty: the rule would inject nothing"
         ));
     }
-    if let Some(max) = cfg.policy.max_volumes_per_pod
-        && volumes.len() > max
-    {
-        errors.push(format!(
-            "{at}: {} volumes, more than policy.maxVolumesPerPod ({max}): every pod it matches would be denied",
-            volumes.len()
-        ));
+    for (policy, whose) in cfg.policies_met(namespaces.as_deref()) {
+        if let Some(max) = policy.max_volumes_per_pod
+            && volumes.len() > max
+        {
+            errors.push(format!(
+                "{at}: {} volumes, more than {}.maxVolumesPerPod ({max}): every pod it matches{whose} would be denied",
+                volumes.len(),
+                policy.origin
+            ));
+        }
     }
     for (vol, req) in volumes {
         let vat = format!("{at}.volumes.{vol}");
@@ -792,6 +798,59 @@ fn compile_policy(p: FilePolicy, origin: &str, errors: &mut Vec<String>) -> Poli
 }
 
 impl Config {
+    /// Each policy a pod of these namespaces (`None`: any) can be decided under, with where
+    /// (for messages, empty or with a leading space): the override naming a namespace; for a namespace no override names,
+    /// every override selecting by label (its labels are not known here) and the top-level
+    /// policy.
+    fn policies_met(&self, namespaces: Option<&[String]>) -> Vec<(&Policy, String)> {
+        let named = |ns: &str| {
+            self.overrides
+                .iter()
+                .find(|o| matches!(&o.selects, Namespaces::Named(n) if n.iter().any(|n| n == ns)))
+        };
+        let labelled = self
+            .overrides
+            .iter()
+            .filter(|o| matches!(o.selects, Namespaces::Labelled(_)));
+        let mut met: Vec<(&Policy, String)> = Vec::new();
+        let mut add = |policy, whose| met.push((policy, whose));
+        match namespaces {
+            None => {
+                let whose = if self.overrides.is_empty() {
+                    ""
+                } else {
+                    " where no override applies"
+                };
+                add(&self.policy, whose.to_owned());
+                for o in &self.overrides {
+                    add(
+                        &o.policy,
+                        format!(" in the namespaces of override {:?}", o.name),
+                    );
+                }
+            }
+            Some(list) => {
+                for ns in list {
+                    if let Some(o) = named(ns) {
+                        add(&o.policy, format!(" in namespace {ns}"));
+                        continue;
+                    }
+                    for o in labelled.clone() {
+                        add(
+                            &o.policy,
+                            format!(" in namespace {ns} if override {:?} selects it", o.name),
+                        );
+                    }
+                    add(&self.policy, format!(" in namespace {ns}"));
+                }
+            }
+        }
+        // Each policy once, where it is first met.
+        let mut seen = BTreeSet::new();
+        met.retain(|(p, _)| seen.insert(p.origin.clone()));
+        met
+    }
+
     /// The webhook must read the cluster: the checks are on, or an override selects
     /// namespaces by label.
     pub fn reads_cluster(&self) -> bool {
@@ -1096,6 +1155,56 @@ policy:
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
+    }
+
+    /// A rule is held to the volume cap of every policy a pod it matches can be decided
+    /// under: the override naming its namespace, an override selecting by label (the labels
+    /// are not known here), and the top-level policy where no override names it.
+    #[test]
+    fn rules_are_checked_against_every_policy_override_they_can_meet() {
+        let overrides = "policy: {maxVolumesPerPod: 8}\npolicyOverrides:\n  \
+             - {name: small, namespaces: [team-a], policy: {maxVolumesPerPod: 1}}\n  \
+             - {name: gpu, namespaceSelector: {matchLabels: {tier: gpu}}, policy: {maxVolumesPerPod: 2}}\n";
+        let two = "volumes: {a: 'type=emptyDir,mountPath=/a', b: 'type=emptyDir,mountPath=/b'}";
+        let three = "volumes: {a: 'type=emptyDir,mountPath=/a', b: 'type=emptyDir,mountPath=/b', c: 'type=emptyDir,mountPath=/c'}";
+        let check = |rule: &str| {
+            Config::parse(&format!("{overrides}rules:\n  - {{name: r, {rule}}}\n"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        // Named by an override: its cap.
+        let e = check(&format!("namespaces: [team-a], {two}"));
+        assert!(
+            e.contains("rules[0] (r): 2 volumes, more than policyOverrides[small].policy.maxVolumesPerPod (1): every pod it matches in namespace team-a would be denied"),
+            "{e}"
+        );
+        // Named by none: a label override may select it; the top-level cap holds.
+        let e = check(&format!("namespaces: [team-b], {three}"));
+        assert!(
+            e.contains("more than policyOverrides[gpu].policy.maxVolumesPerPod (2): every pod it matches in namespace team-b if override \"gpu\" selects it would be denied"),
+            "{e}"
+        );
+        assert!(!e.contains("small"), "{e}");
+        // Any namespace: every policy.
+        let e = check(three);
+        assert!(
+            e.contains("policyOverrides[small]") && e.contains("policyOverrides[gpu]"),
+            "{e}"
+        );
+        assert!(!e.contains("more than policy.maxVolumesPerPod"), "{e}");
+        // Within every cap it can meet: valid.
+        assert_eq!(check(&format!("namespaces: [team-b], {two}")), "");
+        // Without overrides, as before.
+        let e = Config::parse(&format!(
+            "policy: {{maxVolumesPerPod: 1}}\nrules:\n  - {{name: r, {two}}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("rules[0] (r): 2 volumes, more than policy.maxVolumesPerPod (1): every pod it matches would be denied"),
+            "{e}"
+        );
     }
 
     #[test]
