@@ -1052,9 +1052,15 @@ mod tests {
         assert_eq!(
             err("type=emptyDir,sizee=10Gi,mountpath=scratch,medium=memory"),
             "unknown field \"sizee\": did you mean size?; unknown field \"mountpath\": did you \
-             mean mountPath?; medium \"memory\" is not one of \"\" (node disk), Memory, HugePages; \
-             mountPath \"scratch\" must be an absolute path"
+             mean mountPath?; medium \"memory\" is not one of \"\" (node disk), Memory, HugePages: \
+             did you mean Memory?; mountPath \"scratch\" must be an absolute path"
         );
+        assert!(
+            err("type=emptyDir,mountPath=/s,medium=hugepages-2Mi").ends_with(
+                "is not one of \"\" (node disk), Memory, HugePages: did you mean HugePages-2Mi?"
+            )
+        );
+        assert!(err("type=emptyDir,mountPath=/s,medium=disk").ends_with("Memory, HugePages"));
         // Kubernetes' own names, snake case and other spellings lead to the field.
         for (key, field) in [
             ("sizeLimit", "size"),

@@ -459,10 +459,25 @@ fn validate_empty_dir(e: &EmptyDirVolumeSource, written: Written, problems: &mut
     if let Some(m) = &e.medium
         && !(m.is_empty() || m == "Memory" || m == "HugePages" || m.starts_with("HugePages-"))
     {
+        // Spelt in another case (`memory`, `hugepages-2Mi`): the medium meant is certain.
+        let meant = ["Memory", "HugePages"]
+            .into_iter()
+            .find(|k| m.eq_ignore_ascii_case(k))
+            .map(str::to_owned)
+            .or_else(|| {
+                let size = m
+                    .get(..10)
+                    .filter(|p| p.eq_ignore_ascii_case("HugePages-"))
+                    .and(m.get(10..))?;
+                Some(format!("HugePages-{size}"))
+            });
         problems.push(format!(
-            "{} {} is not one of \"\" (node disk), Memory, HugePages",
+            "{} {} is not one of \"\" (node disk), Memory, HugePages{}",
             written.name("medium", "emptyDir.medium"),
-            quoted(m)
+            quoted(m),
+            meant
+                .map(|k| format!(": did you mean {k}?"))
+                .unwrap_or_default()
         ));
     }
     if let Some(q) = &e.size_limit {

@@ -505,6 +505,45 @@ mod tests {
         assert!(again.patch().is_none() && again.allowed());
     }
 
+    /// One annotation, every mistake in one answer: its fields, its values (a misspelt key
+    /// whose field is certain checked as that field) and, on what could be read, the pod.
+    #[test]
+    fn every_mistake_of_one_annotation_is_in_the_first_refusal() {
+        let cfg = Config::default();
+        let value = "type=emptyDir,sizee=10Gi,mountpath=scratch,medium=memory,containers=mian";
+        let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/scratch": value}},
+                         "spec": {"containers": [{"name": "main"}], "initContainers": [{"name": "setup"}]}});
+        let (decision, _) = run(&cfg, None, &pod);
+        let Decision::Denied(d) = &decision else {
+            panic!("{decision:?}")
+        };
+        // The worst code decides the status: the annotation cannot be read (400).
+        assert_eq!(d.reason, DenyReason::Invalid);
+        for want in [
+            "unknown field \"sizee\": did you mean size?",
+            "unknown field \"mountpath\": did you mean mountPath?",
+            "medium \"memory\" is not one of",
+            "mountPath \"scratch\" must be an absolute path",
+            "annotation ephemeral-volumes.io/scratch: container \"mian\" is not in the pod (its containers: main)",
+        ] {
+            assert!(d.message.contains(want), "{want:?} not in {}", d.message);
+        }
+        // Init containers too; and names that are in the pod add nothing.
+        let value = "type=emptyDir,sizee=1Gi,mountPath=/s,containers=main,initContainers=stup";
+        let pod = json!({"metadata": {"annotations": {"ephemeral-volumes.io/s": value}},
+                         "spec": {"containers": [{"name": "main"}], "initContainers": [{"name": "setup"}]}});
+        let (decision, _) = run(&cfg, None, &pod);
+        let message = match &decision {
+            Decision::Denied(d) => d.message.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            message.contains("init container \"stup\" is not in the pod"),
+            "{message}"
+        );
+        assert!(!message.contains("container \"main\""), "{message}");
+    }
+
     #[test]
     fn everything_there_already_is_unchanged_with_the_warnings_kept() {
         let cfg = Config::default();

@@ -1,7 +1,7 @@
 //! What a pod asks for: its annotations (checked against policy), then the volumes of every
 //! rule that matches it (trusted: the admin wrote them).
 
-use super::bounds;
+use super::{bounds, targets};
 use crate::{
     config::{Config, Mode},
     decision::Denial,
@@ -140,6 +140,19 @@ pub(super) fn collect<'a>(
             Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => false,
             Err(e) => {
                 errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
+                // The checks against the pod, on what could be read of it: every mistake of
+                // the annotation in one answer (a misspelt container too, not on the next try).
+                let mount = &slot.request.mount;
+                if let Err(d) = targets::find(
+                    pod,
+                    mount.containers.as_deref(),
+                    mount.init_containers.as_ref(),
+                ) {
+                    errors.push(Denial::new(
+                        d.reason,
+                        format!("annotation {key}: {}", d.message),
+                    ));
+                }
                 false
             }
         };
