@@ -35,9 +35,9 @@ ADMIN_PORT=18080
 export MIMALLOC_ARENA_EAGER_COMMIT="${MIMALLOC_ARENA_EAGER_COMMIT:-0}"
 work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 if [ -z "${BIN:-}" ]; then
-  cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
+  cargo build --release --quiet --bin ephemeral-volume-injector --bin tls-baseline
   BIN=target/release/ephemeral-volume-injector
-  BASE=target/release/examples/tls-baseline
+  BASE=target/release/tls-baseline
 fi
 : "${BASE:?BASE (the baseline server) is needed with BIN}"
 . benches/common.sh

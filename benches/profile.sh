@@ -15,7 +15,7 @@ export MIMALLOC_ARENA_EAGER_COMMIT=0
 work="$(mktemp -d)"; trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 CARGO_PROFILE_RELEASE_STRIP=false CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_PROFILE_RELEASE_LTO=off \
   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_TARGET_DIR=target/profile-build \
-  cargo build --release --quiet --bin ephemeral-volume-injector --example tls-baseline
+  cargo build --release --quiet --bin ephemeral-volume-injector --bin tls-baseline
 . benches/common.sh
 write_wrk_script "$work/post.lua"
 for name in baseline webhook; do
@@ -23,7 +23,7 @@ for name in baseline webhook; do
     taskset -c 0 target/profile-build/release/ephemeral-volume-injector serve --listen "127.0.0.1:$PORT" \
       --admin-listen 127.0.0.1:18080 --ca-out "$work/ca.crt" --log-format json --log-level info 2>/dev/null &
   else
-    taskset -c 0 target/profile-build/release/examples/tls-baseline "127.0.0.1:$PORT" "$work/ca.crt" 2>/dev/null &
+    taskset -c 0 target/profile-build/release/tls-baseline "127.0.0.1:$PORT" "$work/ca.crt" 2>/dev/null &
   fi
   pid=$!
   until curl -sk -o /dev/null -X POST --data-binary @"$BODY" "https://localhost:$PORT/mutate" 2>/dev/null; do sleep 0.01; done

@@ -70,12 +70,12 @@ def instrumented_build(baseline: bool) -> Path:
     # A fixed path, so that cargo reuses the build (the profile's file is set at run time).
     env = dict(os.environ, CARGO_TARGET_DIR=str(target_dir),
                RUSTFLAGS=f"-Cprofile-generate={target_dir / 'raw'}")
-    what = ["--example", BASELINE] if baseline else ["--bin", BIN]
+    what = ["--bin", BASELINE if baseline else BIN]
     cmd = ["cargo", "build", "--release", "--locked", *what]
     print("pgo: the instrumented build:", " ".join(cmd), flush=True)
     if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
         raise TrainingError("the instrumented build failed (above)")
-    return target_dir / "release" / ("examples/" + BASELINE if baseline else BIN)
+    return target_dir / "release" / (BASELINE if baseline else BIN)
 
 
 def review(obj: dict) -> tuple[str, bytes]:

@@ -1008,7 +1008,8 @@ fn audit_mode_decides_as_enforce_injects_nothing_and_refuses_nothing() {
     assert_eq!(names, ["vol-1", "kube-api-access-x7k2p", "a"]);
     assert_eq!(d.warnings, ["audit (rule/scratch): would inject s"]);
     // An audited profile asked for by annotation, over policy: admitted, with the refusal it
-    // would have met.
+    // would have met — credited to the profile that would be refused, not to the audited rule
+    // beside it (which would only have injected).
     let d = decide(
         &audited,
         &pod(json!({"ephemeral-volumes.io/b": "profile=big,size=3Gi"})),
@@ -1017,7 +1018,7 @@ fn audit_mode_decides_as_enforce_injects_nothing_and_refuses_nothing() {
     assert_eq!(d.warnings.len(), 1);
     assert!(
         d.warnings[0].starts_with(
-            "audit (profile/big, rule/scratch): would refuse the pod (403): annotation ephemeral-volumes.io/b: size 3Gi exceeds policy.maxSize.emptyDir (2Gi)"
+            "audit (profile/big): would refuse the pod (403): annotation ephemeral-volumes.io/b: size 3Gi exceeds policy.maxSize.emptyDir (2Gi)"
         ),
         "{:?}",
         d.warnings
@@ -1046,6 +1047,33 @@ fn audit_mode_decides_as_enforce_injects_nothing_and_refuses_nothing() {
         &pod(json!({"ephemeral-volumes.io/x-1234": "type=emptyDir,mountPath=/x,size=1Gi"})),
     );
     assert_eq!(d.warnings, ["audit (mode/audit): would inject x-1234"]);
+    // The whole configuration in audit with an audited rule beside the pod's own annotation:
+    // the refusal is the annotation's (the default's), never the rule's; a 400 for an
+    // annotation that cannot be read too.
+    let nextflow = cfg(
+        "mode: audit\nrules:\n  - name: nextflow-scratch\n    volumes:\n      s: type=emptyDir,mountPath=/s,size=1Gi\n\
+         policy:\n  maxSize: {emptyDir: 2Gi}\n",
+    );
+    for (value, code) in [
+        ("type=emptyDir,mountPath=/x,size=10Gi", "403"),
+        ("type=emptyDir,mountPath=/x,size=10Gii", "400"),
+    ] {
+        let d = decide(&nextflow, &pod(json!({"ephemeral-volumes.io/x": value})));
+        assert_eq!(d.verdict, "unchanged");
+        assert!(
+            d.warnings[0].starts_with(&format!(
+                "audit (mode/audit): would refuse the pod ({code})"
+            )),
+            "{value}: {:?}",
+            d.warnings
+        );
+    }
+    // The rule alone: the would-be volume is the rule's.
+    let d = decide(&nextflow, &pod(json!({})));
+    assert_eq!(
+        d.warnings,
+        ["audit (rule/nextflow-scratch): would inject s"]
+    );
     // Nothing audited touches this pod: no warning.
     let profile_only = cfg(
         "profiles:\n  big:\n    mode: audit\n    mountPath: /big\n    emptyDir: {sizeLimit: 1Gi}\n",

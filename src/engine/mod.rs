@@ -68,7 +68,9 @@ pub struct Audit {
 
 /// [`decide`], and the audit when something audited would have changed the decision: the pod
 /// is decided twice then, once with every request (as if all were enforced) and once without
-/// the audited ones; the second is the decision, the first is reported.
+/// the audited ones; the second is the decision, the first is reported, credited to the
+/// audited sources that made it (the volumes it would inject, or the requests it would be
+/// refused for).
 pub fn decide_audited(
     cfg: &Config,
     cluster: Option<Known<'_>>,
@@ -76,21 +78,28 @@ pub fn decide_audited(
     at: PodLocation<'_>,
 ) -> (Decision, Option<Audit>) {
     if !cfg.audits() {
-        return (decide_in(cfg, cluster, pod, at, Scope::All), None);
+        return (
+            decide_in(cfg, cluster, pod, at, Scope::All, &mut Blame::default()),
+            None,
+        );
     }
-    let full = decide_in(cfg, cluster, pod, at, Scope::All);
-    let mut enforced = decide_in(cfg, cluster, pod, at, Scope::Enforced);
+    let mut blame = Blame::default();
+    let full = decide_in(cfg, cluster, pod, at, Scope::All, &mut blame);
+    let mut enforced = decide_in(
+        cfg,
+        cluster,
+        pod,
+        at,
+        Scope::Enforced,
+        &mut Blame::default(),
+    );
     if full == enforced {
         return (enforced, None);
     }
-    let sources = match request::collect(cfg, pod, at.namespace, Scope::All) {
-        Ok((requests, _)) => request::audited_sources(cfg, &requests),
-        Err(_) => Vec::new(),
-    };
-    let sources = if sources.is_empty() {
-        vec!["mode/audit".to_owned()]
+    let sources = if blame.0.is_empty() {
+        vec![request::MODE_AUDIT.to_owned()]
     } else {
-        sources
+        blame.0
     };
     let would = match &full {
         Decision::Denied(d) => format!("would refuse the pod ({}): {}", d.code(), d.message),
@@ -123,12 +132,33 @@ pub fn decide_audited(
     (enforced, Some(audit))
 }
 
+/// The audited sources that made a decision what it is, each once, in the order found.
+#[derive(Default)]
+struct Blame(Vec<String>);
+
+impl Blame {
+    fn add(&mut self, source: Option<&String>) {
+        if let Some(s) = source
+            && !self.0.contains(s)
+        {
+            self.0.push(s.clone());
+        }
+    }
+
+    fn all<'s>(&mut self, sources: impl IntoIterator<Item = &'s Option<String>>) {
+        for s in sources {
+            self.add(s.as_ref());
+        }
+    }
+}
+
 fn decide_in(
     cfg: &Config,
     cluster: Option<Known<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
     scope: Scope,
+    blame: &mut Blame,
 ) -> Decision {
     // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
     // objects not yet seen: warn until they are complete.
@@ -138,7 +168,7 @@ fn decide_in(
         (mode, Some(k)) => Some((k.state, mode)),
     };
     let namespaces = cluster.map(|k| &k.state.namespaces);
-    match decide_or_refuse(cfg, checks, namespaces, pod, at, scope) {
+    match decide_or_refuse(cfg, checks, namespaces, pod, at, scope, blame) {
         Ok(mut decision) => {
             decision.add_warnings(near_misses(cfg, pod));
             decision.bound_warnings(bounds::MAX_WARNINGS);
@@ -162,8 +192,22 @@ fn decide_or_refuse(
     pod: &PodView,
     at: PodLocation<'_>,
     scope: Scope,
+    blame: &mut Blame,
 ) -> Result<Decision, Denial> {
     let (requests, mut errors) = request::collect(cfg, pod, at.namespace, scope)?;
+    // What audits each request, when the audited requests are decided too (for the blame).
+    let sources: Vec<Option<String>> = match scope {
+        Scope::All if cfg.audits() => requests
+            .iter()
+            .map(|r| request::audit_source(cfg, r))
+            .collect(),
+        _ => Vec::new(),
+    };
+    // An annotation that cannot be read is audited under the default `mode: audit` (the
+    // enforced decision drops it).
+    if !errors.is_empty() && scope == Scope::All && cfg.mode == crate::config::Mode::Audit {
+        blame.add(Some(&request::MODE_AUDIT.to_owned()));
+    }
     if requests.is_empty() {
         combine(errors)?;
         return Ok(Decision::Unchanged {
@@ -184,27 +228,72 @@ fn decide_or_refuse(
         // Rule volumes are the admin's, trusted: they do not wait for the namespace's labels
         // (their limits are the top-level policy's meanwhile). A pod's own annotations do.
         Err(_) if requests.iter().all(|r| !r.origin.is_annotation()) => &cfg.policy,
-        Err(m) => return Err(Denial::new(DenyReason::Cluster, m)),
+        Err(m) => {
+            blame.all(&sources);
+            return Err(Denial::new(DenyReason::Cluster, m));
+        }
+    };
+    // Refusals of the pod as a whole, not of one request: credited to every audited one.
+    let whole = |blame: &mut Blame, d: Denial| {
+        blame.all(&sources);
+        d
     };
     // Counted before anything is resolved or planned: a pod past either bound costs no more
     // than reading its annotations.
-    bounds::volumes(requests.len())?;
+    bounds::volumes(requests.len()).map_err(|d| whole(blame, d))?;
     if let Err(over) = policy::volume_count(policy, requests.len()) {
         // With the annotations' own errors, so that all are fixed in one try.
-        return Err(combined(errors, over));
+        return Err(whole(blame, combined(errors, over)));
     }
-    let volumes = resolve::all(cfg, policy, checks.map(|c| c.0), pod, requests, &mut errors);
+    // Each volume's source by name (the plan and the cluster checks name volumes).
+    let by_name: Vec<(&str, Option<&String>)> = requests
+        .iter()
+        .zip(&sources)
+        .map(|(r, s)| (r.name, s.as_ref()))
+        .collect();
+    let source_of = |name: &str| {
+        by_name
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, s)| *s)
+    };
+    let volumes = resolve::all(
+        cfg,
+        policy,
+        checks.map(|c| c.0),
+        pod,
+        requests,
+        &mut errors,
+        |i| {
+            blame.add(sources.get(i).and_then(Option::as_ref));
+        },
+    );
     bounds::patch(
         &volumes,
         pod.containers().len(),
         pod.init_containers().len(),
         at.pointer,
-    )?;
+    )
+    .map_err(|d| whole(blame, d))?;
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
     let mut plan = Plan::new(pod);
+    let before = errors.len();
     plan::plan(&mut plan, pod, &volumes, &cfg.injected, &mut errors);
+    if errors.len() > before {
+        // Conflicts with the pod or between volumes: each of the volumes may be the cause.
+        for v in &volumes {
+            blame.add(source_of(v.name));
+        }
+    }
     combine(errors)?;
-    let unavailable = unavailable(mode, &volumes)?;
+    let unavailable = unavailable(mode, &volumes).inspect_err(|_| {
+        for v in volumes
+            .iter()
+            .filter(|v| matches!(v.cluster, Some(Finding::Unavailable(_))))
+        {
+            blame.add(source_of(v.name));
+        }
+    })?;
 
     for v in &volumes {
         if let Some(Finding::Suspect(m)) = &v.cluster {
@@ -218,14 +307,21 @@ fn decide_or_refuse(
         plan.warnings.extend(unavailable);
         plan.annotate(pod, &cfg.cluster_check, value);
     }
-    let patch = write::write(at.pointer, &plan)?;
+    let patch = write::write(at.pointer, &plan).map_err(|d| whole(blame, d))?;
     if patch.len() > bounds::MAX_PATCH_BYTES {
         // Never past the estimate checked before the plan; held here all the same.
-        return Err(Denial::policy(format!(
-            "the patch is {} bytes, more than the {} a patch may have",
-            patch.len(),
-            bounds::MAX_PATCH_BYTES
-        )));
+        return Err(whole(
+            blame,
+            Denial::policy(format!(
+                "the patch is {} bytes, more than the {} a patch may have",
+                patch.len(),
+                bounds::MAX_PATCH_BYTES
+            )),
+        ));
+    }
+    // What it injects, credited to what audits each volume.
+    for (name, _) in &plan.injected {
+        blame.add(source_of(name));
     }
     Ok(if patch.is_empty() {
         Decision::Unchanged {

@@ -38,27 +38,24 @@ fn audited_rule(cfg: &Config, origin: &Origin<'_>) -> bool {
     }
 }
 
-/// What is audited among a pod's requests, for the warning and the metrics: `rule/<name>`,
-/// `profile/<name>`, `mode/audit` (an annotation's inline volume under the default `mode:
-/// audit`; not its key, which pods choose: the sources are metric labels).
-pub(super) fn audited_sources(cfg: &Config, requests: &[Request<'_>]) -> Vec<String> {
-    let mut sources = Vec::new();
-    for r in requests
-        .iter()
-        .filter(|r| audited(cfg, &r.origin, &r.request))
-    {
-        let source = match (&r.origin, &r.request.source) {
-            (Origin::Rule(rule), _) if audited_rule(cfg, &r.origin) => format!("rule/{rule}"),
-            (_, Requested::Profile(p)) => format!("profile/{p}"),
-            // What is left audited is an annotation's inline volume, under the default.
-            _ => "mode/audit".to_owned(),
-        };
-        if !sources.contains(&source) {
-            sources.push(source);
-        }
+/// What audits a request, for the warning and the metrics — `rule/<name>`, `profile/<name>`,
+/// `mode/audit` (an annotation's inline volume under the default `mode: audit`; not its key,
+/// which pods choose: the sources are metric labels) —, or `None` when it is enforced.
+pub(super) fn audit_source(cfg: &Config, r: &Request<'_>) -> Option<String> {
+    if !audited(cfg, &r.origin, &r.request) {
+        return None;
     }
-    sources
+    Some(match (&r.origin, &r.request.source) {
+        (Origin::Rule(rule), _) if audited_rule(cfg, &r.origin) => format!("rule/{rule}"),
+        (_, Requested::Profile(p)) => format!("profile/{p}"),
+        // What is left audited is an annotation's inline volume, under the default.
+        _ => MODE_AUDIT.to_owned(),
+    })
 }
+
+/// The source of what the default `mode: audit` audits: a pod's own inline volumes, and its
+/// annotations that cannot be read.
+pub(super) const MODE_AUDIT: &str = "mode/audit";
 
 /// Where a request came from, for messages and for policy (borrowed from the pod or the
 /// configuration, which outlive the decision).

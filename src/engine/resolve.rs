@@ -40,7 +40,8 @@ pub(super) struct Resolved<'a> {
     pub cluster: Option<Finding>,
 }
 
-/// Every request resolved, and every error beside.
+/// Every request resolved, and every error beside; `failed` is told the position of each
+/// request that failed.
 pub(super) fn all<'a>(
     cfg: &'a Config,
     policy: &Policy,
@@ -48,12 +49,16 @@ pub(super) fn all<'a>(
     pod: &PodView,
     requests: Vec<Request<'a>>,
     errors: &mut Vec<Denial>,
+    mut failed: impl FnMut(usize),
 ) -> Vec<Resolved<'a>> {
     let mut volumes = Vec::with_capacity(requests.len());
-    for request in requests {
+    for (i, request) in requests.into_iter().enumerate() {
         match resolve(cfg, policy, cluster, pod, request) {
             Ok(v) => volumes.push(v),
-            Err(d) => errors.push(d),
+            Err(d) => {
+                errors.push(d);
+                failed(i);
+            }
         }
     }
     volumes

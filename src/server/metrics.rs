@@ -317,7 +317,7 @@ impl Default for Metrics {
         let audit_decisions = Family::<AuditLabel, Counter>::default();
         registry.register(
             "audit_decisions",
-            "Decisions that an audited rule, profile or default (mode: audit) would have changed, by what was audited (rule/<name>, profile/<name>, mode/audit for inline annotation volumes under the default) and what enforcing it would have done (mutated, denied, admitted-on-error, unchanged)",
+            "Decisions that an audited rule, profile or default (mode: audit) would have changed, by what was audited (rule/<name>, profile/<name>, mode/audit for inline annotation volumes under the default) and what enforcing it would have done (mutated, denied, admitted-on-error, unchanged), counted for the sources that cause it",
             audit_decisions.clone(),
         );
         let metrics = Metrics {

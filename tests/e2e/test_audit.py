@@ -71,3 +71,19 @@ def test_an_audited_profile_over_policy_is_admitted_with_the_refusal_it_would_me
     assert warnings == ["audit (profile/big): would inject big"]
     assert "tmp" in volumes_by_name(stored) and "big" not in volumes_by_name(stored)
     assert stored["metadata"]["annotations"][INJECTED] == "tmp"
+
+
+def test_a_would_be_refusal_is_credited_only_to_the_source_that_causes_it(cluster, release):
+    """The audited rule matches the pod too, but only the audited profile over policy would
+    refuse it: the warning and the counter name the profile, never the rule."""
+    ns = cluster.namespace("nf-audit")
+    metric = release.webhook.metric
+    rule_before = metric("evi_audit_decisions_total", source="rule/audited-scratch", result="denied")
+    profile_before = metric("evi_audit_decisions_total", source="profile/big", result="denied")
+    stored, warnings = create(cluster, pod(namespace=ns, labels={"nextflow.io/app": "nextflow"},
+                                           annotations={f"{P}/big": "profile=big,size=3Gi"}))
+    assert warnings == [f"audit (profile/big): would refuse the pod (403): annotation {P}/big: "
+                        "size 3Gi exceeds policy.maxSize.emptyDir (2Gi)"]
+    assert "big" not in volumes_by_name(stored) and "scratch" not in volumes_by_name(stored)
+    assert metric("evi_audit_decisions_total", source="profile/big", result="denied") == profile_before + 1
+    assert metric("evi_audit_decisions_total", source="rule/audited-scratch", result="denied") == rule_before

@@ -104,6 +104,26 @@ def test_a_nextflow_job_with_a_bad_size_is_refused_at_creation_and_nothing_is_st
     assert jobs.webhook.metric("evi_workload_reviews_total", kind="Job", result="denied") >= 1
 
 
+def test_four_mistakes_in_one_annotation_are_all_in_the_first_refusal(cluster, jobs):
+    """What a pipeline author's first failed run prints: every mistake of the annotation, not one
+    per try — a misspelt key (its field named), a misspelt key whose value is still checked as
+    its field (a relative path), a value in the wrong case (the medium meant named), and a
+    container the pod does not have."""
+    value = "type=emptyDir,sizee=10Gi,mountpath=scratch,medium=memory,containers=mian"
+    job = nextflow_job("nf-four-mistakes", {f"{P}/scratch": value})
+    err = refused(cluster, job)
+    assert f'admission webhook "workloads.{P}" denied the request: annotation {P}/scratch: ' in err, err
+    for mistake in ['unknown field "sizee": did you mean size?',
+                    'unknown field "mountpath": did you mean mountPath?',
+                    'mountPath "scratch" must be an absolute path',
+                    'medium "memory" is not one of "" (node disk), Memory, HugePages: did you mean Memory?',
+                    'container "mian" is not in the pod (its containers: main)']:
+        assert mistake in err, f"{mistake!r} not in: {err}"
+    # The status the worst of them decides: the annotation cannot be read (400).
+    assert "Error from server (BadRequest)" in err, err
+    assert preview_denial(jobs, job) in err
+
+
 def test_a_good_job_is_stored_as_submitted_and_its_pod_gets_the_volume(cluster, jobs):
     job = nextflow_job("nf-good", {f"{P}/scratch": GOOD})
     stored = json.loads(cluster.create(job).stdout)
