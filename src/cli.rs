@@ -287,11 +287,12 @@ fn preview_all(
             continue;
         };
         if workload::template_path(kind).is_none() {
-            // A custom workload: what its pods would get, and that the chart does not send it.
+            // A custom workload: what its pods would get, and how to have it checked.
             eprintln!(
-                "note: {which}{kind} is not a kind the chart sends to /validate; its pod template \
-                 at spec.template is previewed as a Deployment's would be (its pods get the same \
-                 at creation)"
+                "note: {which}{kind} is a custom workload: its pod template at spec.template is \
+                 previewed as a Deployment's would be (its pods get the same at creation); the \
+                 chart sends it to /validate, to be refused at creation as a Deployment is, once \
+                 its resource is listed in webhook.workloads.customResources"
             );
         }
         let known = inputs.cluster.as_ref().map(|state| crate::cluster::Known {

@@ -406,13 +406,20 @@ fn is_pod_create<O>(req: &RequestIn<'_, O>) -> bool {
 }
 
 /// A pod controller's CREATE or UPDATE (not of a subresource: `scale` and `status` cannot
-/// change the template): where its pod template is.
+/// change the template): where its pod template is. A custom resource (a dotted API group of
+/// its own, not Kubernetes' `*.k8s.io`: Argo Rollouts, Knative, OpenKruise, which the chart's
+/// `webhook.workloads.customResources` sends) keeps it at `spec.template`, as a Deployment
+/// does; one with no pod template there is admitted unchanged.
 fn workload_change<O>(req: &RequestIn<'_, O>) -> Option<TemplateAt> {
+    let group = req.kind.group;
+    let custom = group.contains('.') && !group.ends_with(".k8s.io");
     matches!(req.operation, Operation::Create | Operation::Update)
         .then_some(())
         .filter(|()| req.sub_resource.is_none_or(str::is_empty))
-        .and_then(|()| workload::find(req.kind.group, req.kind.kind))
-        .map(|w| w.template)
+        .and_then(|()| match workload::find(group, req.kind.kind) {
+            Some(w) => Some(w.template),
+            None => custom.then_some(TemplateAt::Spec),
+        })
 }
 
 /// Whether an UPDATE changes the pod template. One that does not (a label on the workload,
@@ -670,6 +677,8 @@ mod tests {
         let group = match kind {
             "Job" | "CronJob" => "batch",
             "ReplicationController" => "",
+            "Rollout" => "argoproj.io",
+            "CloneSet" => "apps.kruise.io",
             _ => "apps",
         };
         let template = |value: &str| {
@@ -737,6 +746,33 @@ mod tests {
         let as_pod = handle(&cfg, None, Endpoint::Mutate, &pod_body).unwrap();
         let (as_job, _) = validate(&workload("Job", "CREATE", BAD, None));
         assert_eq!(as_pod.decision, as_job);
+    }
+
+    /// A custom workload the chart is told to send (`webhook.workloads.customResources`) is
+    /// decided as a Deployment is, from its `spec.template`.
+    #[test]
+    fn a_custom_workload_with_a_pod_template_at_spec_template_is_decided_as_a_deployment() {
+        const BAD: &str = "type=emptyDir,mountPath=/s,size=10Gii";
+        const GOOD: &str = "type=emptyDir,mountPath=/s,size=1Gi";
+        for kind in ["Rollout", "CloneSet"] {
+            let (bad, out) = validate(&workload(kind, "CREATE", BAD, None));
+            let (as_deployment, _) = validate(&workload("Deployment", "CREATE", BAD, None));
+            assert_eq!(bad, as_deployment, "{kind}");
+            assert_eq!(out["response"]["status"]["code"], 400, "{kind}");
+            let (good, out) = validate(&workload(kind, "CREATE", GOOD, None));
+            assert!(matches!(good, Decision::Mutated { .. }), "{kind}: {good:?}");
+            assert!(out["response"].get("patch").is_none(), "{kind}: {out}");
+            // An UPDATE that leaves the template as it was: not decided on.
+            let (same, _) = validate(&workload(kind, "UPDATE", BAD, Some(BAD)));
+            assert_eq!(same, unchanged(), "{kind}");
+        }
+        // A kind with no pod template at spec.template: admitted unchanged.
+        let mut other: Value =
+            serde_json::from_slice(&workload("Rollout", "CREATE", BAD, None)).unwrap();
+        other["request"]["object"] = json!({"metadata": {"name": "w"}, "spec": {"replicas": 1}});
+        let (d, out) = validate(&serde_json::to_vec(&other).unwrap());
+        assert_eq!(d, unchanged());
+        assert_eq!(out["response"]["allowed"], true);
     }
 
     #[test]

@@ -934,7 +934,8 @@ fn mutate_previews_a_custom_workloads_pod_template_as_a_deployments() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["spec"]["template"]["spec"]["volumes"][0]["name"], "s");
     assert!(
-        text(&out.stderr).contains("Rollout is not a kind the chart sends to /validate"),
+        text(&out.stderr).contains("Rollout is a custom workload")
+            && text(&out.stderr).contains("webhook.workloads.customResources"),
         "{}",
         text(&out.stderr)
     );

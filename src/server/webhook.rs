@@ -405,7 +405,12 @@ fn record_workload(m: &Metrics, h: &review::Handled<'_>) {
         .iter()
         .map(|w| w.kind)
         .find(|k| *k == h.subject.kind)
-        .unwrap_or("unknown");
+        // A custom resource's kind is the cluster's to name: one label for all of them.
+        .unwrap_or(if h.subject.kind.is_empty() {
+            "unknown"
+        } else {
+            "custom"
+        });
     let result = match d {
         Decision::Denied(_) => "denied",
         Decision::AdmittedDespiteError { .. } => "admitted-on-error",

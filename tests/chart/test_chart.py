@@ -305,6 +305,26 @@ def test_the_workload_webhook_is_scoped_like_the_pod_webhook():
     assert render("--set", "webhook.url=https://10.0.0.1:8443/hook", "--set", "webhook.workloads.enabled=false")
 
 
+def test_custom_workloads_are_sent_to_the_spec_template_webhook():
+    """webhook.workloads.customResources adds rules to the webhook whose CEL reads
+    spec.template (the binary decides a custom resource from there, as a Deployment); the
+    schema takes only custom resources' groups."""
+    rollouts = {"apiGroups": ["argoproj.io"], "resources": ["rollouts"]}
+    docs = render(values={"webhook": {"workloads": {"customResources": [rollouts]}}})
+    hooks = workload_webhooks(docs)
+    rules = hooks["workloads"]["rules"]
+    assert rules[-1] == {"apiGroups": ["argoproj.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                         "resources": ["rollouts"], "scope": "Namespaced"}
+    assert rules[:-1] == workload_webhooks(render())["workloads"]["rules"]
+    assert "argoproj.io" not in json.dumps(hooks["cronjobs"])
+    for bad in [{"apiGroups": ["apps"], "resources": ["deployments"]},
+                {"apiGroups": ["storage.k8s.io"], "resources": ["csidrivers"]},
+                {"apiGroups": ["argoproj.io"]},
+                {"apiGroups": ["argoproj.io"], "resources": ["Rollouts"]}]:
+        failed = render(values={"webhook": {"workloads": {"customResources": [bad]}}}, check=False)
+        assert failed.returncode != 0 and "customResources" in failed.stderr, (bad, failed.stderr)
+
+
 def test_the_workload_webhook_needs_match_conditions_and_can_be_turned_off():
     # Without matchConditions (before 1.28) every workload would be sent: none is rendered.
     assert not [d for d in render(kube_version="1.27.0") if d["kind"] == "ValidatingWebhookConfiguration"]

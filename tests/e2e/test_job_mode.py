@@ -22,6 +22,14 @@ OBJECTS = [
      "spec": {"attachRequired": False, "volumeLifecycleModes": ["Persistent", "Ephemeral"]}},
     {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": CLASS},
      "provisioner": "jobs.csi.example.com"},
+    # A custom workload with its pod template at spec.template, as Argo Rollouts defines one.
+    {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+     "metadata": {"name": "rollouts.argoproj.io"},
+     "spec": {"group": "argoproj.io", "scope": "Namespaced",
+              "names": {"plural": "rollouts", "singular": "rollout", "kind": "Rollout"},
+              "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                            "schema": {"openAPIV3Schema": {"type": "object",
+                                                           "x-kubernetes-preserve-unknown-fields": True}}}]}},
 ]
 
 
@@ -68,7 +76,8 @@ def preview_denial(release: Release, obj: dict) -> str:
 @pytest.fixture(scope="module")
 def jobs(cluster, tmp_path_factory):
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": OBJECTS}))
-    values = {"config": {"clusterChecks": "enforce", "profiles": {
+    values = {"webhook": {"workloads": {"customResources": [{"apiGroups": ["argoproj.io"], "resources": ["rollouts"]}]}},
+              "config": {"clusterChecks": "enforce", "profiles": {
         "disk": {"mountPath": "/scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
             "accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
             "resources": {"requests": {"storage": "1Gi"}}}}}}}}}
@@ -122,6 +131,24 @@ def test_four_mistakes_in_one_annotation_are_all_in_the_first_refusal(cluster, j
     # The status the worst of them decides: the annotation cannot be read (400).
     assert "Error from server (BadRequest)" in err, err
     assert preview_denial(jobs, job) in err
+
+
+def test_a_custom_workload_listed_in_the_chart_is_refused_at_creation_as_a_deployment(cluster, jobs):
+    def rollout(name: str, value: str) -> dict:
+        template = deployment(name, {f"{P}/scratch": value})["spec"]["template"]
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": name, "namespace": NS},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}}, "template": template}}
+    wait_for("the Rollout kind to be served", lambda: cluster.kubectl(
+        "get", "rollouts.argoproj.io", "-n", NS, check=False).returncode == 0)
+    bad = rollout("nf-rollout-bad", BAD_SIZE)
+    err = refused(cluster, bad)
+    as_deployment = refused(cluster, deployment("nf-deploy-bad", {f"{P}/scratch": BAD_SIZE}))
+    message = as_deployment.split("denied the request: ", 1)[1].strip()
+    assert f'admission webhook "workloads.{P}" denied the request: {message}' in err, err
+    stored = cluster.create(rollout("nf-rollout-good", GOOD))
+    assert stored.returncode == 0, stored.stderr
+    assert jobs.webhook.metric("evi_workload_reviews_total", kind="custom", result="denied") >= 1
+    cluster.kubectl("delete", "rollouts.argoproj.io", "nf-rollout-good", "-n", NS, "--ignore-not-found")
 
 
 def test_a_good_job_is_stored_as_submitted_and_its_pod_gets_the_volume(cluster, jobs):
