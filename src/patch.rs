@@ -1,10 +1,10 @@
 //! JSON Patch (RFC 6902): the operations the webhook writes, and the values it writes in them.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::volume::VolumeKind;
+use crate::volume::{Json, VolumeKind};
 
 /// A JSON Patch, kept as the JSON it is: each op's value is serialised as it is added, so the
 /// response only has to base64 the bytes.
@@ -120,7 +120,7 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Er
 }
 
 /// Writes an object's fields in the order given, with the commas between them (the patch's
-/// mounts and variables, and the sources [`crate::volume::Source`] writes itself).
+/// mounts and variables).
 pub(crate) struct ObjectWriter<'o> {
     out: &'o mut Vec<u8>,
     empty: bool,
@@ -143,18 +143,6 @@ impl<'o> ObjectWriter<'o> {
         self.out.extend_from_slice(key.as_bytes());
         self.out.extend_from_slice(b"\":");
         self.out
-    }
-
-    /// Writes the next field's key, any string (escaped as needed: a map's key), and returns
-    /// where its value goes.
-    pub(crate) fn any_key(&mut self, key: &str) -> Result<&mut Vec<u8>, serde_json::Error> {
-        if !self.empty {
-            self.out.push(b',');
-        }
-        self.empty = false;
-        write_str(self.out, key)?;
-        self.out.push(b':');
-        Ok(self.out)
     }
 
     /// A boolean field, when it is set.
@@ -237,53 +225,6 @@ impl PatchValue for MetadataWith<'_> {
         Ok(())
     }
 }
-
-/// JSON text this crate wrote (a volume source's object, by [`crate::volume::Source`]'s
-/// writer or serde_json), kept to be copied into patches as it is: never text from a
-/// request, so it is not parsed again. A profile's is written once, when the configuration is
-/// loaded, and shared by the patch of every pod that uses it (`Json::shared`); one written
-/// for a pod is its writer's buffer, used once (copying it into an `Arc` would cost an
-/// allocation and a copy per volume).
-#[derive(Debug, Clone)]
-pub struct Json(Text);
-
-#[derive(Debug, Clone)]
-enum Text {
-    Shared(Arc<str>),
-    Own(String),
-}
-
-impl Json {
-    /// The bytes a writer produced (UTF-8, as every writer here writes from `str`s).
-    pub(crate) fn written(bytes: Vec<u8>) -> Result<Json, serde_json::Error> {
-        let text = String::from_utf8(bytes).map_err(serde::ser::Error::custom)?;
-        Ok(Json(Text::Own(text)))
-    }
-
-    /// The same text, shared by its clones (for text kept and copied into many patches).
-    pub(crate) fn shared(self) -> Json {
-        match self.0 {
-            Text::Own(text) => Json(Text::Shared(Arc::from(text))),
-            shared @ Text::Shared(_) => Json(shared),
-        }
-    }
-
-    /// The JSON text.
-    pub fn get(&self) -> &str {
-        match &self.0 {
-            Text::Shared(text) => text,
-            Text::Own(text) => text,
-        }
-    }
-}
-
-impl PartialEq for Json {
-    fn eq(&self, other: &Self) -> bool {
-        self.get() == other.get()
-    }
-}
-
-impl Eq for Json {}
 
 /// A `core/v1` Volume with one source, kept as the JSON it is written as; written as
 /// k8s-openapi's `Volume` serialises (keys in its order: the source, then `name`). Borrowed,

@@ -3,7 +3,7 @@
 //! compilation). Nothing here parses an annotation ([`crate::annotation`]) or decides for a pod
 //! ([`crate::engine`]).
 
-use std::{borrow::Cow, collections::BTreeMap, fmt, str::FromStr};
+use std::{borrow::Cow, collections::BTreeMap, fmt, str::FromStr, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -15,7 +15,6 @@ use k8s_openapi::{
 
 use crate::{
     echo::quoted,
-    patch::{Json, ObjectWriter, PatchValue, write_str},
     quantity::Quantity,
     validate::{self, Invalid, Problems, bad},
 };
@@ -267,13 +266,9 @@ impl Source {
         }
     }
 
-    /// The source object as JSON, written as k8s-openapi writes it (shared: the plan and the
+    /// The source object as JSON, as k8s-openapi serialises it (shared: the plan and the
     /// patch hold the same bytes).
     pub fn to_json(&self) -> Result<Json, serde_json::Error> {
-        let mut out = Vec::with_capacity(192);
-        if self.write_json(&mut out)? {
-            return Json::written(out);
-        }
         match self {
             Source::EmptyDir(e) => serde_json::to_vec(e),
             Source::Csi(c) => serde_json::to_vec(c),
@@ -281,114 +276,6 @@ impl Source {
             Source::Claim(c) => serde_json::to_vec(&c.template()),
         }
         .and_then(Json::written)
-    }
-
-    /// Writes the source as k8s-openapi serialises it (its field names and order, absent
-    /// fields left out) when it has only the fields written here — every shape the
-    /// shorthands build, and most JSON forms; `false`, nothing written, for any other (a PVC
-    /// template with metadata, a data source or a selector; a CSI volume with a secret), which
-    /// serde serialises. serde's serializer cost ~3,500 instructions of a Pod-mode review
-    /// (benches/README.md). The patterns name every field of each type: a field k8s-openapi
-    /// adds stops the build here instead of being left out.
-    fn write_json(&self, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
-        match self {
-            Source::EmptyDir(EmptyDirVolumeSource { medium, size_limit }) => {
-                let mut o = ObjectWriter::open(out);
-                o.str("medium", medium.as_deref())?;
-                o.str("sizeLimit", size_limit.as_ref().map(|q| q.0.as_str()))?;
-                o.close();
-            }
-            Source::Csi(c) => {
-                let CSIVolumeSource {
-                    driver,
-                    fs_type,
-                    node_publish_secret_ref: None,
-                    read_only,
-                    volume_attributes,
-                } = c
-                else {
-                    return Ok(false);
-                };
-                let mut o = ObjectWriter::open(out);
-                o.str("driver", Some(driver))?;
-                o.str("fsType", fs_type.as_deref())?;
-                o.bool("readOnly", *read_only);
-                if let Some(attributes) = volume_attributes {
-                    write_map(o.key("volumeAttributes"), attributes, |v| v)?;
-                }
-                o.close();
-            }
-            Source::Ephemeral(e) => {
-                let EphemeralVolumeSource {
-                    volume_claim_template:
-                        Some(PersistentVolumeClaimTemplate {
-                            metadata: None,
-                            spec:
-                                PersistentVolumeClaimSpec {
-                                    access_modes,
-                                    data_source: None,
-                                    data_source_ref: None,
-                                    resources,
-                                    selector: None,
-                                    storage_class_name,
-                                    volume_attributes_class_name,
-                                    volume_mode,
-                                    volume_name,
-                                },
-                        }),
-                } = &**e
-                else {
-                    return Ok(false);
-                };
-                out.extend_from_slice(b"{\"volumeClaimTemplate\":{\"spec\":");
-                let mut o = ObjectWriter::open(out);
-                if let Some(modes) = access_modes {
-                    modes[..].write_json(o.key("accessModes"))?;
-                }
-                if let Some(VolumeResourceRequirements { limits, requests }) = resources {
-                    let mut r = ObjectWriter::open(o.key("resources"));
-                    if let Some(limits) = limits {
-                        write_map(r.key("limits"), limits, |q| &q.0)?;
-                    }
-                    if let Some(requests) = requests {
-                        write_map(r.key("requests"), requests, |q| &q.0)?;
-                    }
-                    r.close();
-                }
-                o.str("storageClassName", storage_class_name.as_deref())?;
-                o.str(
-                    "volumeAttributesClassName",
-                    volume_attributes_class_name.as_deref(),
-                )?;
-                o.str("volumeMode", volume_mode.as_deref())?;
-                o.str("volumeName", volume_name.as_deref())?;
-                o.close();
-                out.extend_from_slice(b"}}");
-            }
-            Source::Claim(Claim {
-                storage_class,
-                access_mode,
-                size,
-            }) => {
-                out.extend_from_slice(b"{\"volumeClaimTemplate\":{\"spec\":");
-                let mut o = ObjectWriter::open(out);
-                let modes = o.key("accessModes");
-                modes.push(b'[');
-                write_str(modes, access_mode)?;
-                modes.push(b']');
-                if let Some(size) = size {
-                    let mut r = ObjectWriter::open(o.key("resources"));
-                    let mut requests = ObjectWriter::open(r.key("requests"));
-                    requests.str("storage", Some(size))?;
-                    requests.close();
-                    r.close();
-                }
-                o.str("storageClassName", storage_class.as_deref())?;
-                o.close();
-                out.extend_from_slice(b"}}");
-            }
-        }
-        Ok(true)
     }
 
     /// The source as a patch carries it, with its size: computed once per load for profiles.
@@ -420,19 +307,51 @@ impl Source {
     }
 }
 
-/// A map of strings (keys in order, as a `BTreeMap` serialises).
-fn write_map<V>(
-    out: &mut Vec<u8>,
-    map: &BTreeMap<String, V>,
-    text: impl Fn(&V) -> &String,
-) -> Result<(), serde_json::Error> {
-    let mut o = ObjectWriter::open(out);
-    for (k, v) in map {
-        write_str(o.any_key(k)?, text(v))?;
-    }
-    o.close();
-    Ok(())
+/// JSON text this crate wrote (a volume source's object, by serde_json), kept to be copied
+/// into patches as it is: never text from a request, so it is not parsed again. A profile's is written once, when the configuration is
+/// loaded, and shared by the patch of every pod that uses it (`Json::shared`); one written
+/// for a pod is its writer's buffer, used once (copying it into an `Arc` would cost an
+/// allocation and a copy per volume).
+#[derive(Debug, Clone)]
+pub struct Json(Text);
+
+#[derive(Debug, Clone)]
+enum Text {
+    Shared(Arc<str>),
+    Own(String),
 }
+
+impl Json {
+    /// The bytes a writer produced (UTF-8, as every writer here writes from `str`s).
+    pub(crate) fn written(bytes: Vec<u8>) -> Result<Json, serde_json::Error> {
+        let text = String::from_utf8(bytes).map_err(serde::ser::Error::custom)?;
+        Ok(Json(Text::Own(text)))
+    }
+
+    /// The same text, shared by its clones (for text kept and copied into many patches).
+    pub(crate) fn shared(self) -> Json {
+        match self.0 {
+            Text::Own(text) => Json(Text::Shared(Arc::from(text))),
+            shared @ Text::Shared(_) => Json(shared),
+        }
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        match &self.0 {
+            Text::Shared(text) => text,
+            Text::Own(text) => text,
+        }
+    }
+}
+
+impl PartialEq for Json {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Json {}
 
 /// How a source was written: its messages name the fields as the user wrote them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -734,124 +653,6 @@ const ACCESS_MODES: [&str; 4] = [
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every source's JSON, written directly or by serde: what serde_json writes for the
-    /// k8s-openapi object (its names, order and escapes), for each field present or not.
-    #[test]
-    fn sources_are_written_as_kubernetes_types_serialise() {
-        use k8s_openapi::api::core::v1::{LocalObjectReference, TypedLocalObjectReference};
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-        let texts = [
-            None,
-            Some("1Gi"),
-            Some(""),
-            Some("quote\"back\\slash\ttab é 日"),
-        ];
-        let mut sources = Vec::new();
-        for a in texts {
-            for b in texts {
-                sources.push(Source::EmptyDir(EmptyDirVolumeSource {
-                    medium: a.map(str::to_owned),
-                    size_limit: b.map(|s| K8sQuantity(s.to_owned())),
-                }));
-                for mode in ["ReadWriteOncePod", "bad\"mode"] {
-                    sources.push(Source::ephemeral(a, mode, b));
-                }
-                let map = |k: Option<&str>| {
-                    k.map(|k| {
-                        BTreeMap::from([(k.to_owned(), "v".to_owned()), ("a".into(), "\"".into())])
-                    })
-                };
-                for read_only in [None, Some(true), Some(false)] {
-                    sources.push(Source::Csi(CSIVolumeSource {
-                        driver: b.unwrap_or("secrets-store.csi.k8s.io").to_owned(),
-                        fs_type: a.map(str::to_owned),
-                        node_publish_secret_ref: None,
-                        read_only,
-                        volume_attributes: map(b),
-                    }));
-                }
-                sources.push(Source::Csi(CSIVolumeSource {
-                    driver: "d".into(),
-                    node_publish_secret_ref: Some(LocalObjectReference { name: "s".into() }),
-                    volume_attributes: map(a),
-                    ..Default::default()
-                }));
-                let quantities = |k: Option<&str>| {
-                    k.map(|k| BTreeMap::from([(k.to_owned(), K8sQuantity("2Gi".into()))]))
-                };
-                let spec = PersistentVolumeClaimSpec {
-                    access_modes: a.map(|m| vec![m.to_owned(), "ReadWriteOnce".into()]),
-                    resources: b.map(|_| VolumeResourceRequirements {
-                        limits: quantities(a),
-                        requests: quantities(b),
-                    }),
-                    storage_class_name: b.map(str::to_owned),
-                    volume_attributes_class_name: a.map(str::to_owned),
-                    volume_mode: b.map(str::to_owned),
-                    volume_name: a.map(str::to_owned),
-                    ..Default::default()
-                };
-                let template = |spec: PersistentVolumeClaimSpec, metadata| {
-                    Source::Ephemeral(Box::new(EphemeralVolumeSource {
-                        volume_claim_template: Some(PersistentVolumeClaimTemplate {
-                            metadata,
-                            spec,
-                        }),
-                    }))
-                };
-                sources.push(template(spec.clone(), None));
-                // The shapes serde writes.
-                let labels = Some(ObjectMeta {
-                    labels: Some(BTreeMap::from([("team".into(), "x".into())])),
-                    ..Default::default()
-                });
-                sources.push(template(spec.clone(), labels));
-                sources.push(template(
-                    PersistentVolumeClaimSpec {
-                        selector: Some(LabelSelector::default()),
-                        ..spec.clone()
-                    },
-                    None,
-                ));
-                sources.push(template(
-                    PersistentVolumeClaimSpec {
-                        data_source: Some(TypedLocalObjectReference {
-                            kind: "VolumeSnapshot".into(),
-                            name: "snap".into(),
-                            api_group: None,
-                        }),
-                        ..spec
-                    },
-                    None,
-                ));
-            }
-        }
-        sources.push(Source::Ephemeral(Box::default()));
-        sources.push(Source::empty_dir(Some("Memory"), Some("2Gi")));
-        sources.push(Source::ephemeral(
-            Some("gp3"),
-            "ReadWriteOnce",
-            Some("100Gi"),
-        ));
-        let mut direct = 0;
-        for source in &sources {
-            let theirs = match source {
-                Source::EmptyDir(e) => serde_json::to_string(e),
-                Source::Csi(c) => serde_json::to_string(c),
-                Source::Ephemeral(e) => serde_json::to_string(e),
-                Source::Claim(c) => serde_json::to_string(&c.template()),
-            }
-            .unwrap();
-            assert_eq!(source.to_json().unwrap().get(), theirs, "{source:?}");
-            direct += usize::from(source.write_json(&mut Vec::new()).unwrap());
-        }
-        // Both paths taken: the shorthands' shapes directly, the others by serde.
-        assert!(
-            direct > sources.len() / 2 && direct < sources.len(),
-            "{direct}"
-        );
-    }
 
     /// The shorthand's three fields behave as the k8s-openapi template they stand for, valid or
     /// not: the same kind, size, class, problems (in order), JSON, and JSON once resized.

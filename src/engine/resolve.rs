@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use crate::patch::Json;
+use crate::volume::Json;
 
 use super::{
     policy,

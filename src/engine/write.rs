@@ -114,7 +114,7 @@ mod tests {
         volume::VolumeKind,
     };
 
-    fn plan(exists: bool, metadata: Metadata, source: &crate::patch::Json) -> Plan<'_> {
+    fn plan(exists: bool, metadata: Metadata, source: &crate::volume::Json) -> Plan<'_> {
         let additions = |items| Additions { exists, items };
         Plan {
             volumes: additions(smallvec![Volume {
@@ -156,8 +156,8 @@ mod tests {
         }
     }
 
-    fn source() -> crate::patch::Json {
-        crate::patch::Json::written(serde_json::to_vec(&json!({"sizeLimit": "1Gi"})).unwrap())
+    fn source() -> crate::volume::Json {
+        crate::volume::Json::written(serde_json::to_vec(&json!({"sizeLimit": "1Gi"})).unwrap())
             .unwrap()
     }
 
