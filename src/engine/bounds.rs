@@ -5,8 +5,6 @@
 
 use crate::decision::Denial;
 
-use super::resolve::Resolved;
-
 /// The most volumes one pod may ask for, its annotations and the rules that match it
 /// together, whatever `maxVolumesPerPod` says (which may only lower it). Counted before any
 /// annotation is read.
@@ -63,34 +61,24 @@ pub(super) fn volumes(count: usize) -> Result<(), Denial> {
     Ok(())
 }
 
-/// An upper bound of the patch the plan of `volumes` writes into a pod of `containers` and
-/// `init_containers` containers at `pointer` (operations, bytes), from the volumes alone:
-/// checked before the plan sets each volume against each container it goes to.
+/// What one patch operation costs beyond its value, at most: `{"op":"add","path":"<pointer>/
+/// spec/initContainers/<index>/volumeMounts/-","value":…}`, with room to spare.
+pub(super) fn per_operation(pointer: &str) -> usize {
+    96 + pointer.len()
+}
+
+/// An upper bound of the patch a plan writes (operations, bytes), from each volume's own
+/// (`Resolved::patch_cost`): checked before the plan sets each volume against each container
+/// it goes to.
 pub(super) fn patch(
-    volumes: &[Resolved<'_>],
-    containers: usize,
-    init_containers: usize,
-    pointer: &str,
+    volumes: impl IntoIterator<Item = (usize, usize)>,
+    per_op: usize,
 ) -> Result<(), Denial> {
-    // What one operation costs beyond its value: `{"op":"add","path":"<pointer>/spec/
-    // initContainers/<index>/volumeMounts/-","value":…}`, with room to spare.
-    let per_op = 96 + pointer.len();
     // The record and status annotations, and the arrays written whole.
-    let mut ops: usize = 8;
-    let mut bytes: usize = 8 * per_op;
-    for v in volumes {
-        let pairs = v.containers.count(containers) + v.init_containers.count(init_containers);
-        let mount =
-            per_op + v.mount_path.len() + v.name.len() + v.sub_path.as_deref().map_or(0, str::len);
-        let env: usize = v
-            .env
-            .iter()
-            .map(|var| per_op + var.len() + v.mount_path.len())
-            .sum();
-        ops = ops.saturating_add(1 + pairs.saturating_mul(1 + v.env.len()));
-        bytes = bytes
-            .saturating_add(per_op + v.source.get().len() + 2 * v.name.len())
-            .saturating_add(pairs.saturating_mul(mount.saturating_add(env)));
+    let (mut ops, mut bytes) = (8usize, 8 * per_op);
+    for (o, b) in volumes {
+        ops = ops.saturating_add(o);
+        bytes = bytes.saturating_add(b);
     }
     if ops > MAX_PATCH_OPERATIONS {
         return Err(Denial::policy(format!(

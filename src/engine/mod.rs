@@ -268,11 +268,13 @@ fn decide_or_refuse(
             blame.add(sources.get(i).and_then(Option::as_ref));
         },
     );
+    let per_op = bounds::per_operation(at.pointer);
+    let (containers, init_containers) = (pod.containers().len(), pod.init_containers().len());
     bounds::patch(
-        &volumes,
-        pod.containers().len(),
-        pod.init_containers().len(),
-        at.pointer,
+        volumes
+            .iter()
+            .map(|v| v.patch_cost(containers, init_containers, per_op)),
+        per_op,
     )
     .map_err(|d| whole(blame, d))?;
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);

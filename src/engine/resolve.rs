@@ -40,6 +40,33 @@ pub(super) struct Resolved<'a> {
     pub cluster: Option<Finding>,
 }
 
+impl Resolved<'_> {
+    /// At most what this volume adds to the patch in a pod of `containers` and
+    /// `init_containers` containers (operations, bytes), each operation costing `per_op`
+    /// beyond its value ([`super::bounds::patch`] adds them up).
+    pub(super) fn patch_cost(
+        &self,
+        containers: usize,
+        init_containers: usize,
+        per_op: usize,
+    ) -> (usize, usize) {
+        let pairs = self.containers.count(containers) + self.init_containers.count(init_containers);
+        let mount = per_op
+            + self.mount_path.len()
+            + self.name.len()
+            + self.sub_path.as_deref().map_or(0, str::len);
+        let env: usize = self
+            .env
+            .iter()
+            .map(|var| per_op + var.len() + self.mount_path.len())
+            .sum();
+        let ops = 1usize.saturating_add(pairs.saturating_mul(1 + self.env.len()));
+        let bytes = (per_op + self.source.get().len() + 2 * self.name.len())
+            .saturating_add(pairs.saturating_mul(mount.saturating_add(env)));
+        (ops, bytes)
+    }
+}
+
 /// Every request resolved, and every error beside; `failed` is told the position of each
 /// request that failed.
 pub(super) fn all<'a>(

@@ -39,7 +39,7 @@ use tokio::{
 };
 use tower::ServiceExt as _;
 
-use super::metrics::{CauseLabel, Metrics};
+use super::metrics::{Cause, CauseLabel, Metrics};
 
 /// How long each phase of a connection may last.
 #[derive(Debug, Clone, Copy)]
@@ -47,38 +47,6 @@ pub struct Bounds {
     pub header: Duration,
     pub h1_idle: Duration,
     pub h2_idle: Duration,
-}
-
-/// Why a connection was closed by us.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
-    HandshakeTimeout,
-    HeaderTimeout,
-    Idle,
-    /// Idle, and closed to make room at the connection cap.
-    Evicted,
-    Malformed,
-}
-
-impl Cause {
-    /// Every cause (the metrics start each at 0).
-    pub const ALL: [Cause; 5] = [
-        Cause::HandshakeTimeout,
-        Cause::HeaderTimeout,
-        Cause::Idle,
-        Cause::Evicted,
-        Cause::Malformed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Cause::HandshakeTimeout => "handshake-timeout",
-            Cause::HeaderTimeout => "header-timeout",
-            Cause::Idle => "idle",
-            Cause::Evicted => "evicted",
-            Cause::Malformed => "malformed",
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

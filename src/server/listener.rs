@@ -305,7 +305,7 @@ async fn serve(
                 m.connections_closed
                     .get_or_create(&CauseLabel {
                         port: name,
-                        cause: connection::Cause::HandshakeTimeout.as_str(),
+                        cause: super::metrics::Cause::HandshakeTimeout.as_str(),
                     })
                     .inc();
                 tracing::debug!("TLS handshake timed out");

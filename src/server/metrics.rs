@@ -57,6 +57,38 @@ pub struct ReloadLabel {
     pub reason: &'static str,
 }
 
+/// Why a connection was closed by us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    HandshakeTimeout,
+    HeaderTimeout,
+    Idle,
+    /// Idle, and closed to make room at the connection cap.
+    Evicted,
+    Malformed,
+}
+
+impl Cause {
+    /// Every cause (the metrics start each at 0).
+    pub const ALL: [Cause; 5] = [
+        Cause::HandshakeTimeout,
+        Cause::HeaderTimeout,
+        Cause::Idle,
+        Cause::Evicted,
+        Cause::Malformed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::HandshakeTimeout => "handshake-timeout",
+            Cause::HeaderTimeout => "header-timeout",
+            Cause::Idle => "idle",
+            Cause::Evicted => "evicted",
+            Cause::Malformed => "malformed",
+        }
+    }
+}
+
 /// A connection closed by the server: which port, and why.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabel {
@@ -395,7 +427,7 @@ impl Metrics {
         for port in ["webhook", "admin"] {
             drop(self.connections_open.get_or_create(&PortLabel { port }));
             drop(self.at_capacity.get_or_create(&PortLabel { port }));
-            for cause in super::connection::Cause::ALL {
+            for cause in Cause::ALL {
                 let cause = cause.as_str();
                 drop(
                     self.connections_closed
