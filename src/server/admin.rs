@@ -9,7 +9,7 @@ use axum::{
     routing::get,
 };
 
-use super::{AppState, with_json_errors};
+use super::{http::with_json_errors, state::AppState};
 
 /// The admin port's router.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -55,7 +55,7 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::*;
-    use crate::server::test_state;
+    use crate::server::state::test_state;
 
     async fn get(state: &Arc<AppState>, method: &str, path: &str) -> (StatusCode, String, String) {
         let request = Request::builder()
@@ -77,8 +77,8 @@ mod tests {
 
     #[tokio::test]
     async fn readiness_waits_for_the_namespace_list_while_it_is_awaited() {
-        let w = Arc::new(crate::server::watch::ClusterWatch::new());
-        let state = crate::server::test_state_watching("", Some(w.clone()));
+        let w = Arc::new(crate::server::cluster_view::ClusterWatch::new());
+        let state = crate::server::state::test_state_watching("", Some(w.clone()));
         assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
         // A configuration that selects namespaces by label came into force.
         w.await_namespaces(true);
@@ -89,8 +89,8 @@ mod tests {
         w.namespaces_arrived();
         assert_eq!(get(&state, "GET", "/readyz").await.0, StatusCode::OK);
         // Or it never did, and the sync timeout passed: ready all the same.
-        let w = Arc::new(crate::server::watch::ClusterWatch::new());
-        let state = crate::server::test_state_watching("", Some(w.clone()));
+        let w = Arc::new(crate::server::cluster_view::ClusterWatch::new());
+        let state = crate::server::state::test_state_watching("", Some(w.clone()));
         w.await_namespaces(true);
         assert_eq!(
             get(&state, "GET", "/readyz").await.0,

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use super::{ServeError, connection::Bounds};
+use super::{connection::Bounds, errors::ServeError};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

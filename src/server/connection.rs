@@ -255,7 +255,7 @@ pub async fn serve<IO>(
         activity: activity.clone(),
     };
     // The room its requests' bodies share (an HTTP/2 connection's streams).
-    let bodies = super::webhook::ConnectionBodies::new();
+    let bodies = super::bodies::ConnectionBodies::new();
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |req: Request<hyper::body::Incoming>| {

@@ -14,8 +14,9 @@ use tokio::{
 use tokio_rustls::TlsAcceptor;
 
 use super::{
-    AppState, connection,
+    connection,
     metrics::{CauseLabel, PortLabel},
+    state::AppState,
 };
 
 /// A listening port: what it serves, its bounds and its connection cap.

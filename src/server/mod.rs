@@ -1,18 +1,31 @@
 //! `serve`: the HTTPS webhook, the plain-HTTP admin port, hot reload and graceful shutdown.
+//! This file is the composition (`serve` starts the parts in order); the parts, from the
+//! bottom up:
 //!
-//! - `args`: the flags, and the durations made of them;
+//! - `state`: what every request shares (`AppState`); `errors`: why `serve`
+//!   could not start; `args`: the flags, and the durations made of them;
+//! - `metrics`: every metric, defined once; `http`: JSON errors and response counts, shared by
+//!   both ports; `bodies`: request bodies within their size, time and memory bounds;
 //! - `listener`: the ports, their connection caps, TLS; `connection`: one connection's
 //!   timeouts (headers, body, idle HTTP/1.1 and HTTP/2);
-//! - `webhook`: `POST /mutate`; `admin`: `/healthz`, `/readyz`, `/metrics`;
-//! - `metrics`: every metric, defined once; `reload`: certificate and configuration
-//!   reloads; `watch`: the cluster's CSIDrivers, StorageClasses and Namespaces, watched;
-//! - `selftls`: the self-managed certificate keeper; `tasks`: the background tasks;
-//! - `shutdown`: signals and the drain; `logging`: the log writer; [`tls`]: certificates.
+//! - `webhook`: `POST /mutate` and `POST /validate`; `admin`: `/healthz`, `/readyz`,
+//!   `/metrics`;
+//! - TLS: [`tls`] the certificate store, `certs` the files it is read from, `reload` the
+//!   certificate and configuration reloads, `selftls` the self-managed certificate keeper;
+//! - the cluster: `client` the API client, `watch` the CSIDriver, StorageClass and Namespace
+//!   watches, `cluster_view` the snapshot the request path reads;
+//! - `tasks`: the background tasks; `shutdown`: signals and the drain; `logging`,
+//!   `log_writer`, `json_log`: the log lines and their writer.
 
 mod admin;
 mod args;
+mod bodies;
 mod certs;
+mod client;
+mod cluster_view;
 mod connection;
+mod errors;
+mod http;
 pub mod json_log;
 mod listener;
 mod log_writer;
@@ -21,11 +34,12 @@ mod metrics;
 mod reload;
 mod selftls;
 mod shutdown;
+mod state;
 mod tasks;
 pub mod tls;
 mod watch;
 
-pub use watch::{
+pub use client::{
     ClusterAccessError, ClusterSource, client as api_client, client_for, cluster_source,
 };
 mod webhook;
@@ -41,120 +55,21 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use axum::{
-    Router,
-    extract::State,
-    http::{StatusCode, header},
-    response::{IntoResponse, Response},
-};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 pub use self::args::{LogFormat, ServeArgs};
-use self::webhook::BodyBudget;
+pub use self::errors::ServeError;
 use self::{
+    bodies::{Bodies, BodyBudget},
     listener::{Port, accept_loop},
     logging::{LOG_GUARD, flush_log, init_logging},
-    metrics::{CodeLabel, Metrics},
+    metrics::Metrics,
     shutdown::shutdown_signal,
+    state::{AppState, reviews_at_once},
     tls::CertStore,
 };
 use crate::config::Config;
-
-/// Shared by every request; swapped pieces are behind `ArcSwap`.
-pub(crate) struct AppState {
-    pub config: ArcSwap<Config>,
-    pub metrics: Metrics,
-    pub certs: Arc<CertStore>,
-    pub ready: AtomicBool,
-    /// The webhook port is at its connection cap: not ready, so the Service sends elsewhere.
-    pub at_capacity: AtomicBool,
-    pub max_body_bytes: usize,
-    /// Room for request bodies held at once (--max-inflight-body-bytes), in KiB.
-    pub body_budget: BodyBudget,
-    /// Reviews decided at once ([`reviews_at_once`]): what a review costs beyond its body (the
-    /// pod's view, up to ~20 times the body for the worst shape) is held by at most this many.
-    pub reviews: tokio::sync::Semaphore,
-    /// One review of a large body (over 256 KiB) at a time.
-    pub large_review: tokio::sync::Semaphore,
-    pub body_timeout: Duration,
-    /// The cluster as the watches see it; `None` without API access (checks off).
-    pub cluster: Option<Arc<watch::ClusterWatch>>,
-    /// The first cluster lists arrived, or the sync timeout passed (readiness waits for it).
-    pub cluster_ready: AtomicBool,
-    /// Why there is no API client although one was asked for (`--kubeconfig`, or a pod's
-    /// service account) while the checks were off: a reload that turns them on is refused.
-    pub no_client: Option<String>,
-    /// A valid serving certificate is in use (self-managed TLS starts without one).
-    pub tls_ready: AtomicBool,
-}
-
-impl AppState {
-    /// Why the replica is not ready (`/readyz` answers 503 with it; `evi_ready` is 0), or
-    /// `None` when it is.
-    pub fn unready_reason(&self) -> Option<&'static str> {
-        if !self.ready.load(Ordering::SeqCst) {
-            Some("starting or shutting down")
-        } else if !self.tls_ready.load(Ordering::SeqCst) {
-            Some("no valid serving certificate (self-managed TLS: see the log)")
-        } else if !self.cluster_ready.load(Ordering::SeqCst) {
-            Some("waiting for the cluster's CSIDriver and StorageClass lists")
-        } else if self
-            .cluster
-            .as_ref()
-            .is_some_and(|w| w.awaiting_namespaces())
-        {
-            Some("waiting for the Namespace list (policyOverrides select namespaces by label)")
-        } else if self.at_capacity.load(Ordering::SeqCst) {
-            Some("the webhook port is at its connection cap")
-        } else {
-            None
-        }
-    }
-}
-
-/// Why `serve` could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The configuration file.
-    #[error("configuration {path}: {source}")]
-    Config {
-        /// The file.
-        path: String,
-        /// What is wrong with it.
-        source: crate::config::ConfigError,
-    },
-    /// The serving certificate.
-    #[error(transparent)]
-    Tls(#[from] tls::TlsError),
-    /// An address to listen on.
-    #[error("cannot bind {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The operating system's error (address in use, permission denied).
-        source: std::io::Error,
-    },
-    /// The CA file of the self-signed certificate.
-    #[error("cannot write the CA certificate to {path}: {source}")]
-    WriteCa {
-        /// The file.
-        path: String,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
-    /// The async runtime.
-    #[error("cannot start the runtime: {0}")]
-    Runtime(std::io::Error),
-    /// A flag.
-    #[error("bad flag: {0}")]
-    Flag(String),
-    /// The cluster checks are on, and no API client can be built for them.
-    #[error(
-        "the cluster checks are on (clusterChecks: enforce or warn) but no API client can be built for them: {0}; fix the kubeconfig or the service account (docs/operations.md lists the client certificate forms that work), or set clusterChecks: off"
-    )]
-    ClusterClient(watch::ClusterAccessError),
-}
 
 /// Runs `serve` until SIGTERM or SIGINT; exits 2 if it cannot start.
 pub fn run(args: ServeArgs) -> ExitCode {
@@ -220,7 +135,7 @@ pub async fn serve(
     let tls_client = match (&self_tls, &client) {
         (None, _) => None,
         (Some(_), Some(c)) => Some(c.clone()),
-        (Some(_), None) => match watch::client(args.kubeconfig.as_deref()).await {
+        (Some(_), None) => match client::client(args.kubeconfig.as_deref()).await {
             Ok(Some(c)) => Some(c),
             Ok(None) => return Err(ServeError::Flag(
                 "--tls-secret needs the API server: give --kubeconfig, or run in a pod with a service account".into(),
@@ -230,7 +145,7 @@ pub async fn serve(
     };
     let watch = client
         .as_ref()
-        .map(|_| Arc::new(watch::ClusterWatch::new()));
+        .map(|_| Arc::new(cluster_view::ClusterWatch::new()));
 
     let metrics = Metrics::default();
     metrics.cert_not_after.set(loaded.not_after);
@@ -241,11 +156,13 @@ pub async fn serve(
         certs: certs.clone(),
         ready: AtomicBool::new(false),
         at_capacity: AtomicBool::new(false),
-        max_body_bytes: args.max_body_bytes,
-        body_budget: BodyBudget::new(args.max_inflight_body_bytes),
+        bodies: Bodies {
+            max_bytes: args.max_body_bytes,
+            timeout: timing.body,
+            budget: BodyBudget::new(args.max_inflight_body_bytes),
+        },
         reviews: tokio::sync::Semaphore::new(reviews_at_once()),
         large_review: tokio::sync::Semaphore::new(1),
-        body_timeout: timing.body,
         cluster: watch.clone(),
         cluster_ready: AtomicBool::new(watch.is_none()),
         no_client,
@@ -370,17 +287,6 @@ pub async fn serve(
     Ok(())
 }
 
-/// How many reviews are decided at once: one per CPU the process may use, at most 4 (a review
-/// is CPU work of microseconds to milliseconds; more at once would only hold more memory).
-pub(crate) fn reviews_at_once() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, std::num::NonZero::get)
-        .clamp(1, MAX_REVIEWS_AT_ONCE)
-}
-
-/// The most reviews decided at once, however many CPUs.
-pub(crate) const MAX_REVIEWS_AT_ONCE: usize = 4;
-
 /// A current-thread runtime on a thread of its own, for the admin port.
 struct AdminRuntime {
     handle: tokio::runtime::Handle,
@@ -462,14 +368,14 @@ async fn cluster_client(
     args: &ServeArgs,
     reads_cluster: bool,
 ) -> Result<ClientOutcome, ServeError> {
-    match watch::client(args.kubeconfig.as_deref()).await {
+    match client::client(args.kubeconfig.as_deref()).await {
         Ok(Some(c)) => Ok(ClientOutcome::Client(c)),
         Ok(None) => {
             tracing::info!("cluster checks off: no --kubeconfig and not running in a cluster");
             Ok(ClientOutcome::NotAskedFor)
         }
         // A --kubeconfig that cannot be read is a bad flag, whatever the checks.
-        Err(e @ watch::ClusterAccessError::Kubeconfig { .. }) => {
+        Err(e @ client::ClusterAccessError::Kubeconfig { .. }) => {
             Err(ServeError::Flag(e.to_string()))
         }
         Err(e) if !reads_cluster => {
@@ -548,86 +454,4 @@ fn initial_certificate(args: &ServeArgs) -> Result<Initial, ServeError> {
             })
         }
     }
-}
-
-/// The shared end of both routers: JSON 404 and 405 naming what the port serves, and every
-/// response counted by port and status code.
-fn with_json_errors(
-    router: Router<Arc<AppState>>,
-    state: Arc<AppState>,
-    port: &'static str,
-    serves: &'static str,
-) -> Router {
-    router
-        .method_not_allowed_fallback(move || async move {
-            json_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                &format!("method not allowed: {serves}"),
-            )
-        })
-        .fallback(move || async move {
-            json_error(StatusCode::NOT_FOUND, &format!("not found: {serves}"))
-        })
-        .layer(axum::middleware::from_fn_with_state(
-            (state.clone(), port),
-            count_responses,
-        ))
-        .with_state(state)
-}
-
-/// Every response is counted by port and status code.
-async fn count_responses(
-    State((state, port)): State<(Arc<AppState>, &'static str)>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let response = next.run(req).await;
-    state
-        .metrics
-        .responses
-        .get_or_create(&CodeLabel {
-            port,
-            code: response.status().as_u16(),
-        })
-        .inc();
-    response
-}
-
-/// Every error response is JSON with a reason: `{"error": "..."}`.
-fn json_error(code: StatusCode, message: &str) -> Response {
-    let body = serde_json::json!({ "error": message }).to_string();
-    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-/// An application state for in-process tests of the routers: ready, with a self-signed
-/// certificate and this configuration.
-#[cfg(test)]
-pub(crate) fn test_state(config: &str) -> Arc<AppState> {
-    test_state_watching(config, None)
-}
-
-/// [`test_state`] with the cluster seen through `cluster`.
-#[cfg(test)]
-pub(crate) fn test_state_watching(
-    config: &str,
-    cluster: Option<Arc<watch::ClusterWatch>>,
-) -> Arc<AppState> {
-    let pair = tls::self_signed(&["localhost"]).unwrap();
-    let loaded = tls::load_pem(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()).unwrap();
-    Arc::new(AppState {
-        config: ArcSwap::from_pointee(Config::parse(config).unwrap()),
-        metrics: Metrics::default(),
-        certs: Arc::new(CertStore::new(loaded.key)),
-        ready: AtomicBool::new(true),
-        at_capacity: AtomicBool::new(false),
-        max_body_bytes: 1 << 20,
-        body_budget: BodyBudget::new(32 << 20),
-        reviews: tokio::sync::Semaphore::new(reviews_at_once()),
-        large_review: tokio::sync::Semaphore::new(1),
-        body_timeout: Duration::from_secs(5),
-        cluster,
-        cluster_ready: AtomicBool::new(true),
-        no_client: None,
-        tls_ready: AtomicBool::new(true),
-    })
 }

@@ -14,7 +14,7 @@ use std::{
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::{AppState, metrics::ReloadLabel, tls};
+use super::{metrics::ReloadLabel, state::AppState, tls};
 use crate::config::Config;
 
 pub struct Watched {
@@ -244,7 +244,7 @@ fn needs_no_missing_client(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::test_state;
+    use crate::server::state::test_state;
 
     fn reloads(family: &Reloads, outcome: &'static str, reason: &'static str) -> u64 {
         family.get_or_create(&ReloadLabel { outcome, reason }).get()

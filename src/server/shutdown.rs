@@ -9,10 +9,10 @@ use std::{
 use tokio::net::TcpListener;
 
 use super::{
-    AppState,
     args::Timing,
     listener::{Port, accept_backlog, accept_loop},
     logging::flush_log,
+    state::AppState,
 };
 
 /// Resolves at the first SIGTERM or SIGINT; a second one exits the process at once.

@@ -3,14 +3,10 @@
 //! read within its size and time bounds, the decision is made by [`crate::review`], and the
 //! outcome is counted and logged.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Instant};
 
 use axum::{
     Router,
-    body::Bytes,
     extract::State,
     http::{StatusCode, header},
     response::{IntoResponse, Response},
@@ -18,11 +14,12 @@ use axum::{
 };
 
 use super::{
-    AppState, json_error,
+    bodies,
+    http::{json_error, with_json_errors},
     metrics::{
         AuditLabel, KindLabel, Metrics, OwnerLabel, ReasonLabel, ResultLabel, WorkloadLabel,
     },
-    with_json_errors,
+    state::AppState,
 };
 use crate::{
     decision::Decision,
@@ -43,181 +40,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     )
 }
 
-/// Room for the request bodies held at once (`--max-inflight-body-bytes`), counted in KiB: a
-/// request takes its share before its body is read and gives it back once its answer is
-/// built, so that a flood of the largest reviews waits instead of growing the heap past the
-/// memory limit (where the kernel would kill the replica, and the API server refuse the pods
-/// it was sending there until the kubelet marks it unready).
-pub(crate) struct BodyBudget {
-    room: tokio::sync::Semaphore,
-    total_kib: u32,
-}
-
-impl BodyBudget {
-    pub fn new(bytes: usize) -> Self {
-        let total_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        BodyBudget {
-            room: tokio::sync::Semaphore::new(total_kib as usize),
-            total_kib,
-        }
-    }
-
-    /// Waits for room for `bytes` (never more than the whole budget). `None` only if the
-    /// budget was closed, which it never is: the request then goes on without a share.
-    async fn reserve(
-        &self,
-        bytes: usize,
-        metrics: &Metrics,
-    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.total_kib.max(1));
-        match self.room.try_acquire_many(kib) {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                metrics.body_budget_waits.inc();
-                self.room.acquire_many(kib).await.ok()
-            }
-        }
-    }
-}
-
 /// A review of a body over this is large: decided alone among large ones (its view of the pod
 /// is the most memory one review takes).
 const SMALL_BODY: u64 = 256 << 10;
-
-/// The body's length as the client declared it: its `Content-Length` (hyper's body knows it
-/// exactly then; an in-memory body always does), `None` for one of unknown length.
-fn declared_length(req: &axum::extract::Request) -> Option<u64> {
-    hyper::body::Body::size_hint(req.body())
-        .exact()
-        .or_else(|| {
-            req.headers()
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-}
-
-/// The most bytes of bodies one connection holds on its own allowance, without a share of
-/// the budget: an HTTP/1.1 connection has one request at a time, an HTTP/2 connection's
-/// streams share it (a stream waits for its own connection's room, never another's). A pod's
-/// review is a few KiB, so the API server's reviews never wait for the budget, and what
-/// connections hold is bounded by `--max-connections` times this.
-pub const CONNECTION_BODY_BYTES: u64 = 64 << 10;
-
-/// A connection's own room for bodies ([`CONNECTION_BODY_BYTES`]), in KiB; put in each
-/// request's extensions by the connection it came on.
-#[derive(Clone)]
-pub struct ConnectionBodies(pub Arc<tokio::sync::Semaphore>);
-
-impl ConnectionBodies {
-    /// A new connection's room.
-    pub fn new() -> Self {
-        ConnectionBodies(Arc::new(tokio::sync::Semaphore::new(
-            usize::try_from(CONNECTION_BODY_BYTES / 1024).unwrap_or(64),
-        )))
-    }
-}
-
-impl Default for ConnectionBodies {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// What a request's body is held against while it is served.
-enum Room<'a> {
-    /// A share of `--max-inflight-body-bytes`.
-    Budget {
-        _share: Option<tokio::sync::SemaphorePermit<'a>>,
-    },
-    /// Its connection's own allowance.
-    Connection {
-        _share: Option<tokio::sync::OwnedSemaphorePermit>,
-    },
-    /// Nothing: the body is refused unread (over `--max-body-bytes`), or the request did not
-    /// come on a connection (a test calling the router).
-    Nothing,
-}
-
-/// The body, within the size and time bounds. A `Content-Length` over the limit is refused
-/// before anything is read (so `Expect: 100-continue` gets its 413 at once, not a 100).
-async fn read_body(
-    state: &AppState,
-    req: axum::extract::Request,
-    declared: Option<u64>,
-) -> Result<Bytes, Response> {
-    // A body of unknown length is read on its connection's allowance only.
-    let limit = match declared {
-        Some(_) => state.max_body_bytes,
-        None => state.max_body_bytes.min(CONNECTION_BODY_BYTES as usize),
-    };
-    let too_large = || {
-        json_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &match declared {
-                Some(_) => {
-                    format!("request body over the limit of {limit} bytes (--max-body-bytes)")
-                }
-                None => format!(
-                    "request body of unknown length over {limit} bytes: send its Content-Length (up to --max-body-bytes, {})",
-                    state.max_body_bytes
-                ),
-            },
-        )
-    };
-    if declared.is_some_and(|n| n > limit as u64) {
-        // Refused before it is read. A client that sends its body anyway (no `Expect:
-        // 100-continue`) is still writing it: read and drop up to one limit's worth for a
-        // moment, so that closing does not reset the connection under the 413 it has not
-        // read yet (the "lingering close" of other servers). With `Expect`, nothing is read.
-        let expects = req.headers().contains_key(header::EXPECT);
-        if !expects {
-            let body = req.into_body();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(1), collect(body, limit)).await;
-            });
-        }
-        return Err(too_large());
-    }
-    match tokio::time::timeout(state.body_timeout, collect(req.into_body(), limit)).await {
-        Ok(Ok(Some(bytes))) => Ok(bytes),
-        Ok(Ok(None)) => Err(too_large()),
-        Ok(Err(e)) => Err(json_error(
-            StatusCode::BAD_REQUEST,
-            &format!("cannot read the request body: {e}"),
-        )),
-        Err(_) => Err(json_error(
-            StatusCode::REQUEST_TIMEOUT,
-            &format!(
-                "the request body did not arrive within {:?} (--body-timeout-seconds)",
-                state.body_timeout
-            ),
-        )),
-    }
-}
-
-/// The body's bytes, copied out of each frame as it arrives (`None` past `limit`). A frame
-/// borrows hyper's read buffer: keeping a body of many small frames as frames would hold a
-/// whole buffer per byte of a trickling client.
-async fn collect(mut body: axum::body::Body, limit: usize) -> Result<Option<Bytes>, axum::Error> {
-    use http_body_util::BodyExt as _;
-    let mut out = Vec::with_capacity(
-        usize::try_from(hyper::body::Body::size_hint(&body).lower())
-            .unwrap_or(0)
-            .min(limit),
-    );
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            if out.len() + data.len() > limit {
-                return Ok(None);
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(Some(Bytes::from(out)))
-}
 
 async fn mutate(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
     review_at(&state, review::Endpoint::Mutate, req).await
@@ -232,64 +57,20 @@ async fn review_at(
     endpoint: review::Endpoint,
     req: axum::extract::Request,
 ) -> Response {
-    // Room for its body, held until the answer is built. A body within its connection's own
-    // allowance (a pod's review is a few KiB) never waits for the budget, so that clients
-    // that declare large bodies and trickle them cannot make the API server's reviews wait;
-    // a larger one takes a share of the budget. One of unknown length (the API server always
-    // sends a length) takes its connection's whole allowance and is read up to it. A body
-    // over the size limit gets its 413 unread. So what bodies hold at once is bounded by the
-    // flags: the budget, plus `--max-connections` times [`CONNECTION_BODY_BYTES`].
-    let declared = declared_length(&req);
-    let wait = |what: &str| {
-        json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!(
-                "no room for the request body within {:?} (--body-timeout-seconds): {what}",
-                state.body_timeout
-            ),
-        )
-    };
-    // The bytes to hold on its connection's allowance, if it is one of those.
-    let own = match declared {
-        None => Some(CONNECTION_BODY_BYTES),
-        Some(n) if n <= CONNECTION_BODY_BYTES => Some(n),
-        Some(_) => None,
-    };
-    let connection = req.extensions().get::<ConnectionBodies>().cloned();
-    let _room = if declared.is_some_and(|n| n > state.max_body_bytes as u64) {
-        Room::Nothing
-    } else if let Some(n) = own {
-        match connection {
-            None => Room::Nothing,
-            Some(ConnectionBodies(room)) => {
-                let kib = u32::try_from(n.div_ceil(1024)).unwrap_or(1).max(1);
-                match tokio::time::timeout(state.body_timeout, room.acquire_many_owned(kib)).await {
-                    Ok(permit) => Room::Connection {
-                        _share: permit.ok(),
-                    },
-                    Err(_) => {
-                        return wait("this connection's other requests hold its bodies' allowance");
-                    }
-                }
-            }
-        }
-    } else {
-        let wanted = declared
-            .and_then(|n| usize::try_from(n).ok())
-            .unwrap_or(state.max_body_bytes);
-        match tokio::time::timeout(
-            state.body_timeout,
-            state.body_budget.reserve(wanted, &state.metrics),
-        )
+    // Room for its body, held until the answer is built (bodies.rs).
+    let declared = bodies::declared_length(&req);
+    let connection = req.extensions().get::<bodies::ConnectionBodies>().cloned();
+    let _room = match state
+        .bodies
+        .room(declared, connection, &state.metrics)
         .await
-        {
-            Ok(room) => Room::Budget { _share: room },
-            Err(_) => return wait("the bodies being served fill --max-inflight-body-bytes"),
-        }
+    {
+        Ok(room) => room,
+        Err(e) => return json_error(e.status(), &e.to_string()),
     };
-    let body = match read_body(state, req, declared).await {
+    let body = match state.bodies.read(req, declared).await {
         Ok(b) => b,
-        Err(response) => return response,
+        Err(e) => return json_error(e.status(), &e.to_string()),
     };
     // At most a few reviews at once (`AppState::reviews`): the others wait here, holding only
     // their bodies (bounded by the body budget).
@@ -506,8 +287,15 @@ fn record(m: &Metrics, h: &review::Handled<'_>) {
 mod tests {
     use tower::ServiceExt as _;
 
+    use std::time::Duration;
+
+    use axum::body::Bytes;
+
     use super::*;
-    use crate::server::test_state as state;
+    use crate::server::{
+        bodies::{BodyBudget, CONNECTION_BODY_BYTES, ConnectionBodies},
+        state::test_state as state,
+    };
 
     /// Posts a review to `path`; the answer must be a 200 with a JSON body.
     async fn post_to(
@@ -688,7 +476,7 @@ mod tests {
     #[tokio::test]
     async fn bad_requests_get_a_status_and_a_json_reason() {
         let mut limited = Arc::into_inner(state("")).unwrap();
-        limited.max_body_bytes = 65_536;
+        limited.bodies.max_bytes = 65_536;
         let state = Arc::new(limited);
         let error = |v: &serde_json::Value| v["error"].as_str().unwrap_or_default().to_owned();
 
@@ -730,7 +518,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_that_does_not_arrive_in_time_is_a_408() {
         let mut slow = Arc::into_inner(state("")).unwrap();
-        slow.body_timeout = Duration::from_millis(50);
+        slow.bodies.timeout = Duration::from_millis(50);
         let state = Arc::new(slow);
         // A body stream that never ends.
         let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
@@ -772,7 +560,7 @@ mod tests {
         })))
         .unwrap();
         // Room for one such body and a half.
-        small.body_budget = BodyBudget::new(body.len() * 3 / 2);
+        small.bodies.budget = BodyBudget::new(body.len() * 3 / 2);
         let state = Arc::new(small);
         let (first, finish_first) = streamed(&body);
         let (second, finish_second) = streamed(&body);
@@ -810,11 +598,11 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_finds_no_room_in_time_gets_a_503_naming_the_flag() {
         let mut small = Arc::into_inner(state("")).unwrap();
-        small.body_budget = BodyBudget::new(512 << 10);
-        small.body_timeout = Duration::from_millis(50);
+        small.bodies.budget = BodyBudget::new(512 << 10);
+        small.bodies.timeout = Duration::from_millis(50);
         let state = Arc::new(small);
         // Held by the requests being served.
-        let _held = state.body_budget.room.try_acquire_many(512).unwrap();
+        let _held = state.bodies.budget.room.try_acquire_many(512).unwrap();
         let spaces = vec![b' '; 300 << 10];
         let (large, _rest) = streamed(&spaces);
         let response = router(state.clone()).oneshot(large).await.unwrap();
@@ -834,7 +622,7 @@ mod tests {
     #[tokio::test]
     async fn a_connections_bodies_share_its_own_allowance_and_never_wait_for_another_connections() {
         let mut quick = Arc::into_inner(state("")).unwrap();
-        quick.body_timeout = Duration::from_millis(200);
+        quick.bodies.timeout = Duration::from_millis(200);
         let state = Arc::new(quick);
         let on = |conn: &ConnectionBodies, mut req: axum::extract::Request| {
             req.extensions_mut().insert(conn.clone());
@@ -872,8 +660,8 @@ mod tests {
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
-            state.body_budget.room.available_permits(),
-            state.body_budget.total_kib as usize
+            state.bodies.budget.room.available_permits(),
+            state.bodies.budget.total_kib as usize
         );
         // Once they are answered, the first connection's reviews are served, and its room is
         // whole again after each.
@@ -893,8 +681,8 @@ mod tests {
     async fn a_body_past_the_connection_allowance_takes_a_budget_share_and_one_of_unknown_length_the_allowance()
      {
         let mut small = Arc::into_inner(state("")).unwrap();
-        small.body_budget = BodyBudget::new(4 << 20);
-        small.body_timeout = Duration::from_millis(50);
+        small.bodies.budget = BodyBudget::new(4 << 20);
+        small.bodies.timeout = Duration::from_millis(50);
         let state = Arc::new(small);
         let unknown = |bytes: Vec<u8>| {
             let mut request = axum::http::Request::post("/mutate")
@@ -907,7 +695,7 @@ mod tests {
             request
         };
         // 100 KiB (over the connection's 64) waits for the budget, held by others here.
-        let held = state.body_budget.room.try_acquire_many(4 << 10).unwrap();
+        let held = state.bodies.budget.room.try_acquire_many(4 << 10).unwrap();
         let spaces = vec![b' '; 100 << 10];
         let (mut past, _rest) = streamed(&spaces);
         past.extensions_mut().insert(ConnectionBodies::new());

@@ -35,7 +35,10 @@ use kube::{
 };
 
 use self::plan::{Policy, Stored};
-use super::{AppState, ServeArgs, ServeError, certs::unix_now, metrics::OperationLabel, tls};
+use super::{
+    args::ServeArgs, certs::unix_now, errors::ServeError, metrics::OperationLabel, state::AppState,
+    tls,
+};
 
 /// At most this long between two looks, whatever the deadlines.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -647,7 +650,7 @@ mod tests {
     /// A replica's loop state on a mocked client, not yet ready (no certificate served).
     fn ctx(settings: Settings) -> (Arc<Ctx>, Handle) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let state = crate::server::test_state("{}");
+        let state = crate::server::state::test_state("{}");
         state.tls_ready.store(false, Ordering::SeqCst);
         let ctx = Arc::new(Ctx {
             client: Client::new(service, "default"),
