@@ -9,6 +9,7 @@
 //!   decides every change and warning;
 //! - `write` turns the plan into a JSON Patch, knowing nothing of policy.
 
+mod blame;
 pub mod bounds;
 mod existing;
 mod plan;
@@ -29,7 +30,12 @@ use crate::{
     validate,
 };
 
-use self::{plan::Plan, request::Scope, resolve::Resolved};
+use self::{
+    blame::{Blame, Sources},
+    plan::Plan,
+    request::Scope,
+    resolve::Resolved,
+};
 
 /// Where the pod is: the namespace its rules are matched in, and where it sits in the object
 /// the patch applies to.
@@ -132,26 +138,6 @@ pub fn decide_audited(
     (enforced, Some(audit))
 }
 
-/// The audited sources that made a decision what it is, each once, in the order found.
-#[derive(Default)]
-struct Blame(Vec<String>);
-
-impl Blame {
-    fn add(&mut self, source: Option<&String>) {
-        if let Some(s) = source
-            && !self.0.contains(s)
-        {
-            self.0.push(s.clone());
-        }
-    }
-
-    fn all<'s>(&mut self, sources: impl IntoIterator<Item = &'s Option<String>>) {
-        for s in sources {
-            self.add(s.as_ref());
-        }
-    }
-}
-
 fn decide_in(
     cfg: &Config,
     cluster: Option<Known<'_>>,
@@ -195,17 +181,11 @@ fn decide_or_refuse(
     blame: &mut Blame,
 ) -> Result<Decision, Denial> {
     let (requests, mut errors) = request::collect(cfg, pod, at.namespace, scope)?;
-    // What audits each request, when the audited requests are decided too (for the blame).
-    let sources: Vec<Option<String>> = match scope {
-        Scope::All if cfg.audits() => requests
-            .iter()
-            .map(|r| request::audit_source(cfg, r))
-            .collect(),
-        _ => Vec::new(),
-    };
+    let credited = scope == Scope::All && cfg.audits();
+    let sources = Sources::of(cfg, credited, &requests);
     // An annotation that cannot be read is audited under the default `mode: audit` (the
     // enforced decision drops it).
-    if !errors.is_empty() && scope == Scope::All && cfg.mode == crate::config::Mode::Audit {
+    if !errors.is_empty() && credited && cfg.mode == crate::config::Mode::Audit {
         blame.add(Some(&request::MODE_AUDIT.to_owned()));
     }
     if requests.is_empty() {
@@ -219,8 +199,11 @@ fn decide_or_refuse(
             "the pod has no containers to mount volumes in",
         ));
     }
-    // Every problem at once: the requests that could be read are resolved, and those that
-    // resolved are set against the pod, whatever the others' errors.
+    // Refusals of the pod as a whole, not of one request: credited to every audited one.
+    let whole = |blame: &mut Blame, d: Denial| {
+        sources.all(blame);
+        d
+    };
     // The policy of the pod's namespace (policyOverrides), its labels read from the cluster
     // when an override selects by label.
     let policy = match cfg.policy_for(at.namespace, namespaces.and_then(|n| n.get(at.namespace))) {
@@ -228,15 +211,7 @@ fn decide_or_refuse(
         // Rule volumes are the admin's, trusted: they do not wait for the namespace's labels
         // (their limits are the top-level policy's meanwhile). A pod's own annotations do.
         Err(_) if requests.iter().all(|r| !r.origin.is_annotation()) => &cfg.policy,
-        Err(m) => {
-            blame.all(&sources);
-            return Err(Denial::new(DenyReason::Cluster, m));
-        }
-    };
-    // Refusals of the pod as a whole, not of one request: credited to every audited one.
-    let whole = |blame: &mut Blame, d: Denial| {
-        blame.all(&sources);
-        d
+        Err(m) => return Err(whole(blame, Denial::new(DenyReason::Cluster, m))),
     };
     // Counted before anything is resolved or planned: a pod past either bound costs no more
     // than reading its annotations.
@@ -245,85 +220,33 @@ fn decide_or_refuse(
         // With the annotations' own errors, so that all are fixed in one try.
         return Err(whole(blame, combined(errors, over)));
     }
-    // Each volume's source by name (the plan and the cluster checks name volumes).
-    let by_name: Vec<(&str, Option<&String>)> = requests
-        .iter()
-        .zip(&sources)
-        .map(|(r, s)| (r.name, s.as_ref()))
-        .collect();
-    let source_of = |name: &str| {
-        by_name
-            .iter()
-            .find(|(n, _)| *n == name)
-            .and_then(|(_, s)| *s)
-    };
-    let volumes = resolve::all(
-        cfg,
-        policy,
-        checks.map(|c| c.0),
-        pod,
-        requests,
-        &mut errors,
-        |i| {
-            blame.add(sources.get(i).and_then(Option::as_ref));
-        },
-    );
+    // Every problem at once: the requests that could be read are resolved, and those that
+    // resolved are set against the pod, whatever the others' errors.
+    let cluster = checks.map(|c| c.0);
+    let volumes = resolve::all(cfg, policy, cluster, pod, requests, &mut errors, |i| {
+        sources.at(i, blame);
+    });
     let per_op = bounds::per_operation(at.pointer);
     let (containers, init_containers) = (pod.containers().len(), pod.init_containers().len());
-    bounds::patch(
-        volumes
-            .iter()
-            .map(|v| v.patch_cost(containers, init_containers, per_op)),
-        per_op,
-    )
-    .map_err(|d| whole(blame, d))?;
+    let costs = volumes
+        .iter()
+        .map(|v| v.patch_cost(containers, init_containers, per_op));
+    bounds::patch(costs, per_op).map_err(|d| whole(blame, d))?;
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
-    let mut plan = Plan::new(pod);
-    let before = errors.len();
-    plan::plan(&mut plan, pod, &volumes, &cfg.injected, &mut errors);
-    if errors.len() > before {
-        // Conflicts with the pod or between volumes: each of the volumes may be the cause.
-        for v in &volumes {
-            blame.add(source_of(v.name));
-        }
-    }
-    combine(errors)?;
-    let unavailable = unavailable(mode, &volumes).inspect_err(|_| {
-        for v in volumes
-            .iter()
-            .filter(|v| matches!(v.cluster, Some(Finding::Unavailable(_))))
-        {
-            blame.add(source_of(v.name));
-        }
-    })?;
-
-    for v in &volumes {
-        if let Some(Finding::Suspect(m)) = &v.cluster {
-            plan.warnings.push(format!("volume {}: {m}", v.name));
-        }
-    }
-    // clusterChecks: warn: injected all the same; the warning and the status annotation say
-    // what the cluster lacks.
-    if !unavailable.is_empty() {
-        let value = unavailable.join("; ");
-        plan.warnings.extend(unavailable);
-        plan.annotate(pod, &cfg.cluster_check, value);
-    }
+    let plan = planned(cfg, pod, &volumes, mode, errors, &sources, blame)?;
     let patch = write::write(at.pointer, &plan).map_err(|d| whole(blame, d))?;
     if patch.len() > bounds::MAX_PATCH_BYTES {
         // Never past the estimate checked before the plan; held here all the same.
-        return Err(whole(
-            blame,
-            Denial::policy(format!(
-                "the patch is {} bytes, more than the {} a patch may have",
-                patch.len(),
-                bounds::MAX_PATCH_BYTES
-            )),
+        let d = Denial::policy(format!(
+            "the patch is {} bytes, more than the {} a patch may have",
+            patch.len(),
+            bounds::MAX_PATCH_BYTES
         ));
+        return Err(whole(blame, d));
     }
     // What it injects, credited to what audits each volume.
     for (name, _) in &plan.injected {
-        blame.add(source_of(name));
+        sources.named(name, blame);
     }
     Ok(if patch.is_empty() {
         Decision::Unchanged {
@@ -336,6 +259,50 @@ fn decide_or_refuse(
             warnings: plan.warnings,
         }
     })
+}
+
+/// The plan of the resolved volumes against the pod, with what the cluster checks found; a
+/// denial with every error so far (`errors`) when there is any.
+fn planned<'p>(
+    cfg: &'p Config,
+    pod: &'p PodView,
+    volumes: &'p [Resolved<'p>],
+    mode: ClusterMode,
+    mut errors: Vec<Denial>,
+    sources: &Sources<'_>,
+    blame: &mut Blame,
+) -> Result<Plan<'p>, Denial> {
+    let mut plan = Plan::new(pod);
+    let before = errors.len();
+    plan::plan(&mut plan, pod, volumes, &cfg.injected, &mut errors);
+    if errors.len() > before {
+        // Conflicts with the pod or between volumes: each of the volumes may be the cause.
+        for v in volumes {
+            sources.named(v.name, blame);
+        }
+    }
+    combine(errors)?;
+    let unavailable = unavailable(mode, volumes).inspect_err(|_| {
+        for v in volumes
+            .iter()
+            .filter(|v| matches!(v.cluster, Some(Finding::Unavailable(_))))
+        {
+            sources.named(v.name, blame);
+        }
+    })?;
+    for v in volumes {
+        if let Some(Finding::Suspect(m)) = &v.cluster {
+            plan.warnings.push(format!("volume {}: {m}", v.name));
+        }
+    }
+    // clusterChecks: warn: injected all the same; the warning and the status annotation say
+    // what the cluster lacks.
+    if !unavailable.is_empty() {
+        let value = unavailable.join("; ");
+        plan.warnings.extend(unavailable);
+        plan.annotate(pod, &cfg.cluster_check, value);
+    }
+    Ok(plan)
 }
 
 /// The volumes the cluster cannot provide: a denial under `clusterChecks: enforce`, else
