@@ -234,17 +234,27 @@ fn decide_or_refuse(
     bounds::patch(costs, per_op).map_err(|d| whole(blame, d))?;
     let mode = checks.map_or(ClusterMode::Off, |c| c.1);
     let plan = planned(cfg, pod, &volumes, mode, errors, &sources, blame)?;
-    let patch = write::write(at.pointer, &plan).map_err(|d| whole(blame, d))?;
+    written(at.pointer, plan, &sources, blame)
+}
+
+/// The decision the plan makes: its patch written (held to the patch bound) and what it
+/// injects credited to what audits each volume.
+fn written(
+    pointer: &str,
+    plan: Plan<'_>,
+    sources: &Sources<'_>,
+    blame: &mut Blame,
+) -> Result<Decision, Denial> {
+    let patch = write::write(pointer, &plan).inspect_err(|_| sources.all(blame))?;
     if patch.len() > bounds::MAX_PATCH_BYTES {
         // Never past the estimate checked before the plan; held here all the same.
-        let d = Denial::policy(format!(
+        sources.all(blame);
+        return Err(Denial::policy(format!(
             "the patch is {} bytes, more than the {} a patch may have",
             patch.len(),
             bounds::MAX_PATCH_BYTES
-        ));
-        return Err(whole(blame, d));
+        )));
     }
-    // What it injects, credited to what audits each volume.
     for (name, _) in &plan.injected {
         sources.named(name, blame);
     }
