@@ -12,6 +12,7 @@
 mod blame;
 pub mod bounds;
 mod existing;
+mod near_miss;
 mod plan;
 mod policy;
 mod request;
@@ -27,7 +28,6 @@ use crate::{
     decision::{Decision, Denial, DenyReason},
     echo,
     pod::PodView,
-    validate,
 };
 
 use self::{
@@ -156,7 +156,7 @@ fn decide_in(
     let namespaces = cluster.map(|k| &k.state.namespaces);
     match decide_or_refuse(cfg, checks, namespaces, pod, at, scope, blame) {
         Ok(mut decision) => {
-            decision.add_warnings(near_misses(cfg, pod));
+            decision.add_warnings(near_miss::near_misses(cfg, pod));
             decision.bound_warnings(bounds::MAX_WARNINGS);
             decision
         }
@@ -349,145 +349,6 @@ fn apply_on_error(cfg: &Config, pod: &PodView, at: PodLocation<'_>, denial: Deni
             }
         }
     }
-}
-
-/// Keys that look meant for the webhook but that it does not read, as hints: an annotation
-/// whose prefix is a near miss of the configured one (`ephemeral-volume.io/scratch`), and a
-/// label of the prefix (volumes are asked for with annotations).
-pub fn near_misses(cfg: &Config, pod: &PodView) -> Vec<String> {
-    let mut hints = Vec::new();
-    let mut unwritten = 0;
-    let prefix = cfg.prefix.as_str();
-    // As `validate::closest` allows: one edit for a short prefix, two for a longer one.
-    let limit = if prefix.len() <= 4 { 1 } else { 2 };
-    // The last prefix looked at and whether it was a near miss: keys of one prefix (the
-    // usual way a misspelt prefix comes, once per volume) are measured once.
-    let mut last: Option<(&str, bool)> = None;
-    // And at most this many are measured in all: hints are a courtesy, and a pod of thousands
-    // of keys of the prefix's length, each another, would otherwise cost a distance each.
-    let mut measured = 0;
-    let status_prefix = cfg
-        .injected
-        .key
-        .rsplit_once('/')
-        .map_or("", |(status, _)| status);
-    let mut hint = |hints: &mut Vec<String>, text: String| {
-        // More than a response carries are counted, not written.
-        if hints.len() >= bounds::MAX_WARNINGS {
-            unwritten += 1;
-        } else {
-            hints.push(text);
-        }
-    };
-    for (key, value) in pod
-        .annotations()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| (&**k, &**v))
-    {
-        let Some((other, name)) = validate::split_once_byte(key, b'/') else {
-            // The prefix alone, or the prefix with another separator (`<prefix>.scratch`).
-            if let Some(rest) = key.strip_prefix(prefix) {
-                let name = rest.trim_start_matches(['.', '_', '-', ':']);
-                hint(
-                    &mut hints,
-                    if name.is_empty() {
-                        format!(
-                            "annotation {key} is not read: it names no volume; write {prefix}/<volume name>"
-                        )
-                    } else {
-                        format!(
-                            "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
-                        )
-                    },
-                );
-            }
-            continue;
-        };
-        // The webhook's status domain, given a volume request by hand (a value that reads as
-        // one: key=value pairs, a JSON object or a profile of the configuration).
-        if other == status_prefix {
-            // Read only while warnings are still written: at most MAX_WARNINGS values.
-            let asks = hints.len() < bounds::MAX_WARNINGS
-                && value.len() <= bounds::MAX_VALUE_BYTES
-                && ((value.contains('=') || value.trim_start().starts_with('{'))
-                    && value.parse::<crate::volume::VolumeRequest>().is_ok()
-                    || cfg.profiles.contains_key(value.trim()));
-            if asks
-                && ![
-                    cfg.injected.key.as_str(),
-                    cfg.error.key.as_str(),
-                    cfg.cluster_check.key.as_str(),
-                ]
-                .contains(&key)
-            {
-                hint(
-                    &mut hints,
-                    format!(
-                        "annotation {key} is not read: {status_prefix}/ is the webhook's own status; did you mean {prefix}/{name}?"
-                    ),
-                );
-            }
-            continue;
-        }
-        // The prefix without its domain (`ephemeral-volumes/scratch`).
-        if other.len() < prefix.len()
-            && prefix.starts_with(other)
-            && prefix.as_bytes().get(other.len()) == Some(&b'.')
-        {
-            hint(
-                &mut hints,
-                format!(
-                    "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
-                ),
-            );
-            continue;
-        }
-        let near = match last {
-            Some((seen, near)) if seen == other => near,
-            _ if measured >= bounds::MAX_PREFIXES_MEASURED => break,
-            _ => {
-                measured += 1;
-                // A cheap length test first: most keys are nowhere near. Then the optimal
-                // string alignment distance (adjacent transpositions count once, as in
-                // `validate::closest`), which allocates three short rows where
-                // Damerau–Levenshtein builds a map and a matrix.
-                let near = other != prefix
-                    && other.len().abs_diff(prefix.len()) <= 2
-                    && (other.eq_ignore_ascii_case(prefix)
-                        || strsim::osa_distance(other, prefix) <= limit);
-                last = Some((other, near));
-                near
-            }
-        };
-        if near {
-            hint(
-                &mut hints,
-                format!(
-                    "annotation {key} is not read: the annotation prefix is {prefix}; did you mean {prefix}/{name}?"
-                ),
-            );
-        }
-    }
-    if unwritten > 0 {
-        hints.push(format!(
-            "… and {unwritten} more annotations whose prefix is a near miss of {prefix}"
-        ));
-    }
-    if pod.labels_mention(&cfg.prefix_search)
-        && let Ok(labels) = pod.labels()
-    {
-        for key in labels
-            .keys()
-            .filter(|k| k.split_once('/').is_some_and(|(p, _)| p == prefix))
-            .take(bounds::MAX_WARNINGS)
-        {
-            hints.push(format!(
-                "label {key} is not read: volumes are asked for with annotations; make it an annotation"
-            ));
-        }
-    }
-    hints
 }
 
 /// All errors of the worst kind at once, so a user fixes every annotation in one go.
