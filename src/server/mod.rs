@@ -123,26 +123,11 @@ pub async fn serve(
         None => initial_certificate(&args)?,
     };
 
-    let (client, no_client) = match cluster_client(&args, config.reads_cluster()).await? {
-        ClientOutcome::Client(c) => (Some(c), None),
-        ClientOutcome::NotAskedFor => (None, None),
-        ClientOutcome::Failed(why) => (None, Some(why)),
-    };
-    if let (None, Some(note)) = (&client, config.needs_namespace_labels()) {
-        tracing::warn!("without API access: {note}");
-    }
-    // Self-managed TLS needs the API whatever the checks: without it there is no certificate.
-    let tls_client = match (&self_tls, &client) {
-        (None, _) => None,
-        (Some(_), Some(c)) => Some(c.clone()),
-        (Some(_), None) => match client::client(args.kubeconfig.as_deref()).await {
-            Ok(Some(c)) => Some(c),
-            Ok(None) => return Err(ServeError::Flag(
-                "--tls-secret needs the API server: give --kubeconfig, or run in a pod with a service account".into(),
-            )),
-            Err(e) => return Err(ServeError::Flag(format!("--tls-secret needs the API server: {e}"))),
-        },
-    };
+    let Clients {
+        cluster: client,
+        no_client,
+        tls: tls_client,
+    } = clients(&args, &config, self_tls.is_some()).await?;
     let watch = client
         .as_ref()
         .map(|_| Arc::new(cluster_view::ClusterWatch::new()));
@@ -181,11 +166,8 @@ pub async fn serve(
             &background,
             timing.cluster_sync,
         );
-        background.spawn(
-            tasks::Until::Exit,
-            "cluster checks: sync timeout",
-            watch::await_sync(w, state.clone(), timing.cluster_sync),
-        );
+        let sync = watch::await_sync(w, state.clone(), timing.cluster_sync);
+        background.spawn(tasks::Until::Exit, "cluster checks: sync timeout", sync);
     }
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs)?));
 
@@ -199,58 +181,11 @@ pub async fn serve(
     let webhook_addr = listener.local_addr().unwrap_or(args.listen);
     let admin_addr = admin.local_addr().unwrap_or(args.admin_listen);
     if let Some(ca_pem) = generated_ca {
-        // Only now that the port is ours: a second server that fails to bind writes nothing,
-        // and the default name carries the port, so two servers never share a file.
-        let path = args.ca_out.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!(
-                "ephemeral-volume-injector-{}-ca.crt",
-                webhook_addr.port()
-            ))
-        });
-        std::fs::write(&path, ca_pem).map_err(|source| ServeError::WriteCa {
-            path: path.display().to_string(),
-            source,
-        })?;
-        tracing::info!(ca = %path.display(), "no --tls-cert given: serving a self-signed certificate for localhost; its CA certificate is in this file");
+        write_generated_ca(&args, &ca_pem, webhook_addr)?;
     }
 
     let (stop_webhook, webhook_stopping) = tokio::sync::watch::channel(false);
-    let (stop_admin, admin_stopping) = tokio::sync::watch::channel(false);
-    let admin_port = Arc::new(Port::new(
-        "admin",
-        admin::router(state.clone()),
-        None,
-        timing.admin,
-        args.admin_max_connections,
-        state.clone(),
-        admin_stopping.clone(),
-    ));
-    // The admin port runs on a runtime and thread of its own: reviews that keep every worker
-    // of the main runtime busy cannot delay `/healthz` or `/readyz` (a kubelet that sees the
-    // probes time out would restart a replica that is only busy).
-    let admin_runtime = AdminRuntime::start().map_err(ServeError::Runtime)?;
-    // Its socket moves to that runtime's reactor too.
-    let admin = admin.into_std().map_err(|source| ServeError::Bind {
-        addr: admin_addr,
-        source,
-    })?;
-    let admin_task = admin_runtime.spawn({
-        let port = admin_port.clone();
-        let mut stopping = admin_stopping;
-        async move {
-            let admin = match TcpListener::from_std(admin) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!(error = %e, "the admin port cannot listen");
-                    return;
-                }
-            };
-            accept_loop(&admin, &port, async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            })
-            .await;
-        }
-    });
+    let admin = start_admin(&args, &state, &timing, admin, admin_addr)?;
     start_reloader(
         &args,
         &state,
@@ -282,9 +217,130 @@ pub async fn serve(
     } else {
         tracing::warn!(running = background.running(), within = ?BACKGROUND_STOP, "background tasks still running; exiting all the same");
     }
-    shutdown::close_admin(stop_admin, admin_task, admin_port).await;
-    admin_runtime.stop();
+    shutdown::close_admin(admin.stop, admin.task, admin.port).await;
+    admin.runtime.stop();
     Ok(())
+}
+
+/// The API clients `serve` uses.
+struct Clients {
+    /// For the cluster checks and the Namespace watch, when the configuration reads the cluster.
+    cluster: Option<kube::Client>,
+    /// Why there is none although one was asked for.
+    no_client: Option<String>,
+    /// For the self-managed certificate's Secret (`--tls-secret`), which needs one whatever
+    /// the checks: without it there is no certificate.
+    tls: Option<kube::Client>,
+}
+
+async fn clients(args: &ServeArgs, config: &Config, self_tls: bool) -> Result<Clients, ServeError> {
+    let (cluster, no_client) = match cluster_client(args, config.reads_cluster()).await? {
+        ClientOutcome::Client(c) => (Some(c), None),
+        ClientOutcome::NotAskedFor => (None, None),
+        ClientOutcome::Failed(why) => (None, Some(why)),
+    };
+    if let (None, Some(note)) = (&cluster, config.needs_namespace_labels()) {
+        tracing::warn!("without API access: {note}");
+    }
+    let needs = |why: String| ServeError::Flag(format!("--tls-secret needs the API server: {why}"));
+    let tls = match (self_tls, &cluster) {
+        (false, _) => None,
+        (true, Some(c)) => Some(c.clone()),
+        (true, None) => match client::client(args.kubeconfig.as_deref()).await {
+            Ok(Some(c)) => Some(c),
+            Ok(None) => {
+                return Err(needs(
+                    "give --kubeconfig, or run in a pod with a service account".into(),
+                ));
+            }
+            Err(e) => return Err(needs(e.to_string())),
+        },
+    };
+    Ok(Clients {
+        cluster,
+        no_client,
+        tls,
+    })
+}
+
+/// The CA certificate of the self-signed serving certificate, written once the port is ours:
+/// a second server that fails to bind writes nothing, and the default name carries the port,
+/// so two servers never share a file.
+fn write_generated_ca(
+    args: &ServeArgs,
+    ca_pem: &str,
+    webhook_addr: SocketAddr,
+) -> Result<(), ServeError> {
+    let path = args.ca_out.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "ephemeral-volume-injector-{}-ca.crt",
+            webhook_addr.port()
+        ))
+    });
+    std::fs::write(&path, ca_pem).map_err(|source| ServeError::WriteCa {
+        path: path.display().to_string(),
+        source,
+    })?;
+    tracing::info!(ca = %path.display(), "no --tls-cert given: serving a self-signed certificate for localhost; its CA certificate is in this file");
+    Ok(())
+}
+
+/// The admin port, serving on its runtime.
+struct Admin {
+    runtime: AdminRuntime,
+    task: tokio::task::JoinHandle<()>,
+    port: Arc<Port>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Starts the admin port on a runtime and thread of its own: reviews that keep every worker
+/// of the main runtime busy cannot delay `/healthz` or `/readyz` (a kubelet that sees the
+/// probes time out would restart a replica that is only busy).
+fn start_admin(
+    args: &ServeArgs,
+    state: &Arc<AppState>,
+    timing: &args::Timing,
+    listener: TcpListener,
+    addr: SocketAddr,
+) -> Result<Admin, ServeError> {
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let port = Arc::new(Port::new(
+        "admin",
+        admin::router(state.clone()),
+        None,
+        timing.admin,
+        args.admin_max_connections,
+        state.clone(),
+        stopping.clone(),
+    ));
+    let runtime = AdminRuntime::start().map_err(ServeError::Runtime)?;
+    // Its socket moves to that runtime's reactor too.
+    let listener = listener
+        .into_std()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let task = runtime.spawn({
+        let port = port.clone();
+        let mut stopping = stopping;
+        async move {
+            let listener = match TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "the admin port cannot listen");
+                    return;
+                }
+            };
+            accept_loop(&listener, &port, async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            })
+            .await;
+        }
+    });
+    Ok(Admin {
+        runtime,
+        task,
+        port,
+        stop,
+    })
 }
 
 /// A current-thread runtime on a thread of its own, for the admin port.
