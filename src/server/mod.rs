@@ -110,77 +110,36 @@ pub async fn serve(
 
     let (config, loaded_config) = initial_config(&args)?;
     let self_tls = selftls::Settings::from_args(&args)?;
-    let Initial {
-        loaded,
-        loaded_cert,
-        generated_ca,
-    } = match &self_tls {
-        Some(_) => Initial {
-            loaded: selftls::placeholder()?,
-            loaded_cert: None,
-            generated_ca: None,
-        },
-        None => initial_certificate(&args)?,
-    };
+    let first = first_certificate(&args, self_tls.is_some())?;
+    let clients = clients(&args, &config, self_tls.is_some()).await?;
+    let watch = (clients.cluster.as_ref()).map(|_| Arc::new(cluster_view::ClusterWatch::new()));
 
-    let Clients {
-        cluster: client,
+    let certs = Arc::new(CertStore::new(first.loaded.key));
+    let (cluster, no_client, tls_ready) = (watch.clone(), clients.no_client, self_tls.is_none());
+    let state = app_state(
+        &args,
+        &timing,
+        config,
+        certs.clone(),
+        cluster,
         no_client,
-        tls: tls_client,
-    } = clients(&args, &config, self_tls.is_some()).await?;
-    let watch = client
-        .as_ref()
-        .map(|_| Arc::new(cluster_view::ClusterWatch::new()));
-
-    let metrics = Metrics::default();
-    metrics.cert_not_after.set(loaded.not_after);
-    let certs = Arc::new(CertStore::new(loaded.key));
-    let state = Arc::new(AppState {
-        config: ArcSwap::from_pointee(config),
-        metrics,
-        certs: certs.clone(),
-        ready: AtomicBool::new(false),
-        at_capacity: AtomicBool::new(false),
-        bodies: Bodies {
-            max_bytes: args.max_body_bytes,
-            timeout: timing.body,
-            budget: BodyBudget::new(args.max_inflight_body_bytes),
-        },
-        reviews: tokio::sync::Semaphore::new(reviews_at_once()),
-        large_review: tokio::sync::Semaphore::new(1),
-        cluster: watch.clone(),
-        cluster_ready: AtomicBool::new(watch.is_none()),
-        no_client,
-        tls_ready: AtomicBool::new(self_tls.is_none()),
-    });
+        tls_ready,
+    );
+    state.metrics.cert_not_after.set(first.loaded.not_after);
     let background = tasks::Background::new();
-    if let (Some(settings), Some(client)) = (self_tls, tls_client) {
+    if let (Some(settings), Some(client)) = (self_tls, clients.tls) {
         selftls::start(client, settings, state.clone(), &background);
     }
-    if let (Some(client), Some(w)) = (client, watch) {
-        tracing::info!(sync_timeout = ?timing.cluster_sync, "cluster checks: watching CSIDrivers and StorageClasses");
-        watch::watch(
-            client,
-            w.clone(),
-            state.clone(),
-            &background,
-            timing.cluster_sync,
-        );
-        let sync = watch::await_sync(w, state.clone(), timing.cluster_sync);
-        background.spawn(tasks::Until::Exit, "cluster checks: sync timeout", sync);
+    if let (Some(client), Some(w)) = (clients.cluster, watch) {
+        start_watches(client, w, &state, &background, timing.cluster_sync);
     }
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs)?));
 
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr, source })
-    };
     let listener = bind(args.listen).await?;
     let admin = bind(args.admin_listen).await?;
     let webhook_addr = listener.local_addr().unwrap_or(args.listen);
     let admin_addr = admin.local_addr().unwrap_or(args.admin_listen);
-    if let Some(ca_pem) = generated_ca {
+    if let Some(ca_pem) = first.generated_ca {
         write_generated_ca(&args, &ca_pem, webhook_addr)?;
     }
 
@@ -189,7 +148,7 @@ pub async fn serve(
     start_reloader(
         &args,
         &state,
-        loaded_cert,
+        first.loaded_cert,
         loaded_config,
         timing.poll,
         &background,
@@ -212,6 +171,12 @@ pub async fn serve(
 
     background.signal();
     shutdown::drain(&state, listener, &webhook_port, stop_webhook, &timing).await;
+    stop_the_rest(background, admin).await;
+    Ok(())
+}
+
+/// After the drain: the background tasks, then the admin port.
+async fn stop_the_rest(background: tasks::Background, admin: Admin) {
     if background.stop(BACKGROUND_STOP).await {
         tracing::info!("background tasks stopped");
     } else {
@@ -219,7 +184,70 @@ pub async fn serve(
     }
     shutdown::close_admin(admin.stop, admin.task, admin.port).await;
     admin.runtime.stop();
-    Ok(())
+}
+
+/// The serving certificate `serve` starts with: the self-managed keeper's placeholder (it puts
+/// the first certificate in; readiness waits for it), or the files', or one generated.
+fn first_certificate(args: &ServeArgs, self_managed: bool) -> Result<Initial, ServeError> {
+    if self_managed {
+        return Ok(Initial {
+            loaded: selftls::placeholder()?,
+            loaded_cert: None,
+            generated_ca: None,
+        });
+    }
+    initial_certificate(args)
+}
+
+/// The state every request shares, not ready yet (`tls_ready`: a serving certificate is in
+/// hand already).
+fn app_state(
+    args: &ServeArgs,
+    timing: &args::Timing,
+    config: Config,
+    certs: Arc<CertStore>,
+    cluster: Option<Arc<cluster_view::ClusterWatch>>,
+    no_client: Option<String>,
+    tls_ready: bool,
+) -> Arc<AppState> {
+    Arc::new(AppState {
+        config: ArcSwap::from_pointee(config),
+        metrics: Metrics::default(),
+        certs,
+        ready: AtomicBool::new(false),
+        at_capacity: AtomicBool::new(false),
+        bodies: Bodies {
+            max_bytes: args.max_body_bytes,
+            timeout: timing.body,
+            budget: BodyBudget::new(args.max_inflight_body_bytes),
+        },
+        reviews: tokio::sync::Semaphore::new(reviews_at_once()),
+        large_review: tokio::sync::Semaphore::new(1),
+        cluster_ready: AtomicBool::new(cluster.is_none()),
+        cluster,
+        no_client,
+        tls_ready: AtomicBool::new(tls_ready),
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// The cluster checks' watches, and the timeout readiness waits for their first lists.
+fn start_watches(
+    client: kube::Client,
+    w: Arc<cluster_view::ClusterWatch>,
+    state: &Arc<AppState>,
+    background: &tasks::Background,
+    sync: Duration,
+) {
+    tracing::info!(sync_timeout = ?sync, "cluster checks: watching CSIDrivers and StorageClasses");
+    watch::watch(client, w.clone(), state.clone(), background, sync);
+    let synced = watch::await_sync(w, state.clone(), sync);
+    background.spawn(tasks::Until::Exit, "cluster checks: sync timeout", synced);
 }
 
 /// The API clients `serve` uses.
