@@ -74,49 +74,7 @@ pub fn configuration_in(text: &str) -> Result<(String, Found), ConfigError> {
         .filter(|(_, d)| d.get("kind").and_then(Value::as_str) == Some("ConfigMap"))
         .collect();
     if !config_maps.is_empty() {
-        let with_key: Vec<&&(usize, Value)> = config_maps
-            .iter()
-            .filter(|(_, d)| d.get("data").and_then(|d| d.get(CONFIGMAP_KEY)).is_some())
-            .collect();
-        let name = |d: &Value| {
-            d.get("metadata")
-                .and_then(|m| m.get("name"))
-                .and_then(Value::as_str)
-                .unwrap_or("(no name)")
-                .to_string()
-        };
-        return match with_key.as_slice() {
-            [(document, cm)] => {
-                let found = Found::ConfigMap {
-                    name: name(cm),
-                    document: *document,
-                };
-                match cm.get("data").and_then(|d| d.get(CONFIGMAP_KEY)) {
-                    Some(Value::String(config)) => Ok((config.clone(), found)),
-                    _ => Err(invalid(format!(
-                        "{found}: not a string (a ConfigMap's data values are strings)"
-                    ))),
-                }
-            }
-            [] => Err(invalid(format!(
-                "the file holds {} ConfigMap(s) ({}), none with a data key \"{CONFIGMAP_KEY}\" (the chart's)",
-                config_maps.len(),
-                config_maps
-                    .iter()
-                    .map(|(_, d)| name(d))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-            several => Err(invalid(format!(
-                "the file holds {} ConfigMaps with a data key \"{CONFIGMAP_KEY}\" ({}): give one",
-                several.len(),
-                several
-                    .iter()
-                    .map(|(_, d)| name(d))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-        };
+        return in_config_maps(&config_maps);
     }
     // A configuration has no `config` key (config.rs refuses one as unknown); a values file
     // keeps the configuration under it.
@@ -134,6 +92,55 @@ pub fn configuration_in(text: &str) -> Result<(String, Found), ConfigError> {
         return Ok((text, Found::HelmValues));
     }
     Ok((text.to_string(), Found::Configuration))
+}
+
+/// The configuration of the one ConfigMap (of `config_maps`, with their documents) that
+/// has the chart's key.
+fn in_config_maps(config_maps: &[&(usize, Value)]) -> Result<(String, Found), ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid(vec![message]);
+    let with_key: Vec<&&(usize, Value)> = config_maps
+        .iter()
+        .filter(|(_, d)| d.get("data").and_then(|d| d.get(CONFIGMAP_KEY)).is_some())
+        .collect();
+    let name = |d: &Value| {
+        d.get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("(no name)")
+            .to_string()
+    };
+    match with_key.as_slice() {
+        [(document, cm)] => {
+            let found = Found::ConfigMap {
+                name: name(cm),
+                document: *document,
+            };
+            match cm.get("data").and_then(|d| d.get(CONFIGMAP_KEY)) {
+                Some(Value::String(config)) => Ok((config.clone(), found)),
+                _ => Err(invalid(format!(
+                    "{found}: not a string (a ConfigMap's data values are strings)"
+                ))),
+            }
+        }
+        [] => Err(invalid(format!(
+            "the file holds {} ConfigMap(s) ({}), none with a data key \"{CONFIGMAP_KEY}\" (the chart's)",
+            config_maps.len(),
+            config_maps
+                .iter()
+                .map(|(_, d)| name(d))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+        several => Err(invalid(format!(
+            "the file holds {} ConfigMaps with a data key \"{CONFIGMAP_KEY}\" ({}): give one",
+            several.len(),
+            several
+                .iter()
+                .map(|(_, d)| name(d))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
 }
 
 #[cfg(test)]
