@@ -102,8 +102,18 @@ async fn review_at(
     // connection's I/O moving, and the admin port has a thread of its own. (Not
     // `block_in_place`: each review would run on another thread, and the allocator's
     // per-thread caches would hold ~45 MiB more at the worst shape's peak.)
-    let handled = review::handle(&config, known, endpoint, &body);
-    let response = match handled {
+    let response = answer(m, endpoint, review::handle(&config, known, endpoint, &body));
+    m.duration.observe(start.elapsed().as_secs_f64());
+    response
+}
+
+/// The answer to a review, counted and logged.
+fn answer(
+    m: &Metrics,
+    endpoint: review::Endpoint,
+    handled: Result<review::Handled<'_>, review::ReviewError>,
+) -> Response {
+    match handled {
         Ok(h) => {
             match endpoint {
                 review::Endpoint::Mutate => record(m, &h),
@@ -131,9 +141,7 @@ async fn review_at(
             tracing::debug!(error = %e, "bad request");
             json_error(StatusCode::BAD_REQUEST, &e.to_string())
         }
-    };
-    m.duration.observe(start.elapsed().as_secs_f64());
-    response
+    }
 }
 
 fn owner_kind(h: &review::Handled<'_>) -> &'static str {
