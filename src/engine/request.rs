@@ -116,6 +116,35 @@ pub(super) fn collect<'a>(
         let Some(name) = volume_name(cfg, key) else {
             continue;
         };
+        let read = Read { cfg, pod, scope };
+        if !read.annotation(&mut requests, key, name, value, &mut errors) {
+            refused.push(name);
+        }
+    }
+    rule_requests(cfg, pod, namespace, scope, &refused, &mut requests)?;
+    requests.sort_by(|a, b| a.name.cmp(b.name));
+    Ok((requests, errors))
+}
+/// What reads one annotation into a request.
+struct Read<'a, 'p> {
+    cfg: &'a Config,
+    pod: &'a PodView<'p>,
+    scope: Scope,
+}
+
+impl<'a> Read<'a, '_> {
+    /// The annotation `key` (volume `name`) read into the list's next slot, which stays if the
+    /// request is served in this scope; `false` when it is not (refused, or audited), with
+    /// its errors.
+    fn annotation(
+        &self,
+        requests: &mut Vec<Request<'a>>,
+        key: &'a str,
+        name: &'a str,
+        value: &str,
+        errors: &mut Vec<Denial>,
+    ) -> bool {
+        let (cfg, pod, scope) = (self.cfg, self.pod, self.scope);
         let origin = Origin::Annotation(key);
         // Parsed where it will live, the list's next slot (taken back unless it is kept):
         // a request returned by value was copied at every layer it passed through.
@@ -126,7 +155,7 @@ pub(super) fn collect<'a>(
             request: VolumeRequest::placeholder(),
         });
         let Some(slot) = requests.last_mut() else {
-            continue; // never: the slot was just added
+            return false; // never: the slot was just added
         };
         let parsed = validate::dns_label("volume name", name)
             .and_then(|()| bounds::value(value).map_err(Invalid))
@@ -155,9 +184,22 @@ pub(super) fn collect<'a>(
         };
         if !kept {
             requests.truncate(at);
-            refused.push(name);
         }
+        kept
     }
+}
+
+/// The volumes of every rule that matches the pod, but those a request of the same name has
+/// (an annotation wins over a rule, the first matching rule over later ones) or that a
+/// refused annotation named.
+fn rule_requests<'a>(
+    cfg: &'a Config,
+    pod: &PodView<'_>,
+    namespace: &str,
+    scope: Scope,
+    refused: &[&str],
+    requests: &mut Vec<Request<'a>>,
+) -> Result<(), Denial> {
     // Labels are decoded only once a rule's namespaces match.
     let mut labels = None;
     for rule in cfg.rules.iter().filter(|r| r.in_namespace(namespace)) {
@@ -184,6 +226,5 @@ pub(super) fn collect<'a>(
             }
         }
     }
-    requests.sort_by(|a, b| a.name.cmp(b.name));
-    Ok((requests, errors))
+    Ok(())
 }
