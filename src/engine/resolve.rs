@@ -91,9 +91,6 @@ pub(super) fn all<'a>(
     volumes
 }
 
-// Inlined into its one caller: otherwise each `Request` (312 bytes) is copied out of the list
-// into the call.
-#[inline(always)]
 fn resolve<'a>(
     cfg: &'a Config,
     policy: &Policy,
@@ -124,60 +121,36 @@ fn resolve<'a>(
         Base::Inline(_) => None,
     };
     let or = |own: Option<String>, default: fn(&'a Mount) -> Option<&'a String>| {
-        own.map(Cow::Owned).or_else(|| {
-            defaults
-                .and_then(default)
-                .map(|s| Cow::Borrowed(s.as_str()))
-        })
+        let default = defaults
+            .and_then(default)
+            .map(|s| Cow::Borrowed(s.as_str()));
+        own.map(Cow::Owned).or(default)
     };
+    // Looked up now, said after the mount path (a missing one is said first).
+    let targets = targets_of(pod, &mount, defaults);
     let Some(mount_path) = or(mount.mount_path, |d| d.mount_path.as_ref()) else {
-        return Err(here(Denial::invalid(match &base {
-            Base::Profile(p, _) => format!("mountPath is required: profile {p:?} does not set one"),
-            Base::Inline(_) => "mountPath is required".into(),
-        })));
+        return Err(here(no_mount_path(&base)));
     };
     let sub_path = or(mount.sub_path, |d| d.sub_path.as_ref());
     let read_only = mount.read_only.or(defaults.and_then(|d| d.read_only));
-    let env: Cow<'a, [String]> = match (mount.env, defaults.and_then(|d| d.env.as_deref())) {
-        (Some(own), _) => Cow::Owned(own),
-        (None, Some(default)) => Cow::Borrowed(default),
-        (None, None) => Cow::Borrowed(&[]),
-    };
-    let (containers, init_containers) = targets::find(
-        pod,
-        mount
-            .containers
-            .as_deref()
-            .or_else(|| defaults.and_then(|d| d.containers.as_deref())),
-        mount
-            .init_containers
-            .as_ref()
-            .or_else(|| defaults.and_then(|d| d.init_containers.as_ref())),
-    )
-    .map_err(here)?;
+    let env = env_of(mount.env, defaults);
+    let (containers, init_containers) = targets.map_err(here)?;
 
-    // size=request: from the pod's own requests, unless a size is given here; a profile's
-    // default `size: request` gives way to an explicit size.
-    let from_request = size_from_request
-        || (size.is_none() && matches!(base, Base::Profile(_, p) if p.size_from_request));
-    let size = match from_request {
-        true => Some(targets::requested_size(pod, &containers, &init_containers).map_err(here)?),
-        false => size,
-    };
+    let targets = (&containers, &init_containers);
+    let sized = size_of(pod, &base, (size, size_from_request), targets).map_err(here)?;
+    let (size, from_request) = sized;
     let built = build(
         policy,
         cluster,
         base,
         size.as_deref(),
-        checked,
-        from_request,
-    )
-    .map_err(here)?;
+        (checked, from_request),
+    );
+    let built = built.map_err(here)?;
 
     if built.medium == Medium::Memory && pod.is_windows() {
         return Err(here(Denial::conflict(
-            "a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); \
-             use a disk emptyDir",
+            "a Memory emptyDir cannot be mounted in a Windows pod (spec.os.name: windows); use a disk emptyDir",
         )));
     }
 
@@ -196,6 +169,55 @@ fn resolve<'a>(
         init_containers,
         cluster: built.finding,
     })
+}
+
+/// The containers and init containers the mount goes to: the request's own lists, else its
+/// profile's.
+fn targets_of(
+    pod: &PodView,
+    mount: &Mount,
+    defaults: Option<&Mount>,
+) -> Result<(Targets, Targets), Denial> {
+    let containers =
+        (mount.containers.as_deref()).or_else(|| defaults.and_then(|d| d.containers.as_deref()));
+    let init_containers = (mount.init_containers.as_ref())
+        .or_else(|| defaults.and_then(|d| d.init_containers.as_ref()));
+    targets::find(pod, containers, init_containers)
+}
+
+/// The size asked for, and whether it is the pod's own (`size=request`: from the containers'
+/// requests, unless a size is given here; a profile's default `size: request` gives way to an
+/// explicit size).
+fn size_of(
+    pod: &PodView,
+    base: &Base<'_>,
+    (size, size_from_request): (Option<String>, bool),
+    (containers, init_containers): (&Targets, &Targets),
+) -> Result<(Option<String>, bool), Denial> {
+    let from_request = size_from_request
+        || (size.is_none() && matches!(base, Base::Profile(_, p) if p.size_from_request));
+    if !from_request {
+        return Ok((size, false));
+    }
+    let size = targets::requested_size(pod, containers, init_containers)?;
+    Ok((Some(size), true))
+}
+
+/// A request with no mount path of its own nor from its profile.
+fn no_mount_path(base: &Base<'_>) -> Denial {
+    Denial::invalid(match base {
+        Base::Profile(p, _) => format!("mountPath is required: profile {p:?} does not set one"),
+        Base::Inline(_) => "mountPath is required".into(),
+    })
+}
+
+/// The variables set to the mount path: the request's own, else its profile's (borrowed).
+fn env_of<'a>(own: Option<Vec<String>>, defaults: Option<&'a Mount>) -> Cow<'a, [String]> {
+    match (own, defaults.and_then(|d| d.env.as_deref())) {
+        (Some(own), _) => Cow::Owned(own),
+        (None, Some(default)) => Cow::Borrowed(default),
+        (None, None) => Cow::Borrowed(&[]),
+    }
 }
 
 /// The profile a request names (it must exist), or its own source (if policy allows one).
@@ -222,13 +244,14 @@ fn base<'c>(
 /// The volume's source with its size: a profile's as loaded when nothing changes it, else
 /// built for this pod under the checks that apply (an annotation's own source is held to
 /// every allowlist; a size an annotation chose, or one taken from the pod, to `maxSize`).
+/// `checked`: the request is an annotation's (held to the policy); `from_request`: its size
+/// is the pod's own.
 fn build(
     policy: &Policy,
     cluster: Option<&ClusterState>,
     base: Base<'_>,
     size: Option<&str>,
-    checked: bool,
-    from_request: bool,
+    (checked, from_request): (bool, bool),
 ) -> Result<Built, Denial> {
     match base {
         // Used as is: its bytes were written when the configuration was loaded.
