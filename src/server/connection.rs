@@ -259,15 +259,9 @@ pub async fn serve<IO>(
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |req: Request<hyper::body::Incoming>| {
-            let (app, activity) = (app.clone(), activity.clone());
             let mut req = req.map(Body::new);
             req.extensions_mut().insert(bodies.clone());
-            async move {
-                activity.request_started();
-                let response: Result<Response, Infallible> = app.oneshot(req).await;
-                activity.request_finished();
-                response
-            }
+            serve_request(app.clone(), activity.clone(), req)
         }
     });
     let builder = http_builder(h2, bounds);
@@ -275,13 +269,11 @@ pub async fn serve<IO>(
     let mut conn = std::pin::pin!(conn);
     let mut shutdown = std::pin::pin!(shutdown);
     let cut = |cause: Cause| {
-        metrics
-            .connections_closed
-            .get_or_create(&CauseLabel {
-                port,
-                cause: cause.as_str(),
-            })
-            .inc();
+        let label = CauseLabel {
+            port,
+            cause: cause.as_str(),
+        };
+        metrics.connections_closed.get_or_create(&label).inc();
     };
     tokio::select! {
         ended = conn.as_mut() => {
@@ -323,6 +315,18 @@ pub async fn serve<IO>(
     }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
+}
+
+/// One request on the connection, its activity tracked (the watchdog's and the cap's view).
+async fn serve_request(
+    app: Router,
+    activity: Arc<Activity>,
+    req: Request<Body>,
+) -> Result<Response, Infallible> {
+    activity.request_started();
+    let response = app.oneshot(req).await;
+    activity.request_finished();
+    response
 }
 
 /// hyper's connection settings for one protocol (chosen by ALPN, never sniffed).
