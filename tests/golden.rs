@@ -17,9 +17,9 @@
 use std::path::{Path, PathBuf};
 
 use evi::{
+    cli::preview,
     cluster::{ClusterState, Known},
     config::Config,
-    workload,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
@@ -67,10 +67,10 @@ fn run(dir: &Path) -> Result<(), String> {
         .map(|f| dir.join(f))
         .find(|p| p.exists())
         .ok_or_else(|| format!("{}: no input.yaml or input.json", dir.display()))?;
-    let objects = workload::parse_objects(&read(&input)?).map_err(|e| e.to_string())?;
+    let objects = preview::parse_objects(&read(&input)?).map_err(|e| e.to_string())?;
     let [object] = <[_; 1]>::try_from(objects).map_err(|_| "one object per input".to_owned())?;
 
-    let preview = workload::preview(&cfg, known, &object, None).map_err(|e| e.to_string())?;
+    let preview = preview::preview(&cfg, known, &object, None).map_err(|e| e.to_string())?;
     let d = &preview.decision;
     let summary = json!({
         "allowed": d.allowed(),
@@ -86,8 +86,7 @@ fn run(dir: &Path) -> Result<(), String> {
     check_golden(&dir.join("output.json"), &preview.mutated)?;
     deserializes_as_its_kind(&preview.mutated)?;
 
-    let again =
-        workload::preview(&cfg, known, &preview.mutated, None).map_err(|e| e.to_string())?;
+    let again = preview::preview(&cfg, known, &preview.mutated, None).map_err(|e| e.to_string())?;
     match again.decision.patch() {
         _ if !again.decision.allowed() => Err(format!("second pass denied: {:?}", again.decision)),
         Some(p) => Err(format!("second pass is not idempotent: {p:?}")),

@@ -1,4 +1,7 @@
-//! Command-line interface: `serve`, `mutate`, `check-config`, `check-install`.
+//! Command-line interface: `serve`, `mutate` (the preview: `preview.rs`), `check-config`,
+//! `check-install`.
+
+pub mod preview;
 
 use std::{
     io::{Read, Write},
@@ -240,7 +243,7 @@ fn read_inputs(args: &MutateArgs) -> Result<Inputs, String> {
         std::fs::read_to_string(file).map(|t| text = t)
     };
     read.map_err(|e| format!("cannot read {file}: {e}"))?;
-    let objects = workload::parse_objects(&text).map_err(|e| format!("{file}: {e}"))?;
+    let objects = preview::parse_objects(&text).map_err(|e| format!("{file}: {e}"))?;
     Ok(Inputs {
         cfg,
         cluster,
@@ -254,7 +257,7 @@ fn read_inputs(args: &MutateArgs) -> Result<Inputs, String> {
 fn preview_all(
     args: &MutateArgs,
     inputs: &Inputs,
-) -> Result<Option<(Vec<workload::Preview>, bool)>, String> {
+) -> Result<Option<(Vec<preview::Preview>, bool)>, String> {
     let many = inputs.objects.len() > 1;
     if let Some(note) = inputs.cfg.needs_namespace_labels()
         && inputs
@@ -275,10 +278,10 @@ fn preview_all(
             String::new()
         };
         let kind = object["kind"].as_str().unwrap_or_default();
-        let Some(pointer) = workload::template_path_of(object) else {
+        let Some(pointer) = preview::template_path_of(object) else {
             // A Service, a ConfigMap, …: as it came, in its place.
             eprintln!("note: {which}{kind} has no pod template; passed through unchanged");
-            previews.push(workload::Preview {
+            previews.push(preview::Preview {
                 decision: Decision::Unchanged {
                     warnings: Vec::new(),
                 },
@@ -299,7 +302,7 @@ fn preview_all(
             state,
             complete: true,
         });
-        let preview = workload::preview(&inputs.cfg, known, object, args.namespace.as_deref())
+        let preview = preview::preview(&inputs.cfg, known, object, args.namespace.as_deref())
             .map_err(|e| format!("{}: {which}{e}", args.input()))?;
         let own = workload_own_annotations(&inputs.cfg, object, kind, pointer);
         for w in own.iter().chain(preview.decision.warnings()) {
@@ -343,11 +346,11 @@ fn workload_own_annotations(
 
 /// One document as it came (YAML, JSON), several as kubectl prints them: a `---` stream, a
 /// `List`, and for patches a JSON array with one patch per document, in order.
-fn render(output: Output, previews: &[workload::Preview]) -> Result<String, String> {
+fn render(output: Output, previews: &[preview::Preview]) -> Result<String, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     // No patch prints as an empty one.
     let none = Patch::default();
-    let patch = |p: &'_ workload::Preview| -> Patch { p.decision.patch().unwrap_or(&none).clone() };
+    let patch = |p: &'_ preview::Preview| -> Patch { p.decision.patch().unwrap_or(&none).clone() };
     match (output, previews) {
         (Output::Yaml, [one]) => yaml_serde::to_string(&one.mutated).map_err(|e| err(&e)),
         (Output::Json, [one]) => serde_json::to_string_pretty(&one.mutated).map_err(|e| err(&e)),
