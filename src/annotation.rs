@@ -12,10 +12,7 @@ use smallvec::SmallVec;
 
 use crate::{
     echo::quoted,
-    validate::{
-        self, Invalid, Problems, bad, from_text_strict, parse_size, split_byte, split_once_byte,
-        trim,
-    },
+    validate::{self, Invalid, Problems, bad, from_text_strict, parse_size},
     volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest, Written},
 };
 
@@ -37,7 +34,7 @@ impl VolumeRequest {
     /// an unspecified state, to be dropped: so it is the crate's own, and everyone else parses
     /// (`str::parse`, which drops it).
     pub(crate) fn read(&mut self, value: &str) -> Result<(), Invalid> {
-        let trimmed = trim(value);
+        let trimmed = value.trim();
         if trimmed.is_empty() {
             return bad(
                 "the value is empty; give a profile name, key=value pairs or a JSON object",
@@ -91,13 +88,13 @@ impl VolumeRequest {
         }
         let mut raw = Raw::default();
         let mut problems = Problems::default();
-        for pair in split_byte(trimmed, b',') {
-            let pair = trim(pair);
+        for pair in trimmed.split(',') {
+            let pair = pair.trim();
             if pair.is_empty() {
                 continue;
             }
-            match split_once_byte(pair, b'=') {
-                Some((key, val)) => raw.read_field(trim(key), Val::Text(trim(val)), &mut problems),
+            match pair.split_once('=') {
+                Some((key, val)) => raw.read_field(key.trim(), Val::Text(val.trim()), &mut problems),
                 None => problems.push(match colon_pairs(pair) {
                     Some(fixed) => format!(
                         "{} is not a key=value pair: did you mean {}?",
@@ -130,7 +127,7 @@ fn unquoted(value: &str) -> Option<&str> {
     ['"', '\'']
         .iter()
         .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
-        .map(trim)
+        .map(str::trim)
         .filter(|inner| !inner.is_empty())
 }
 
@@ -441,7 +438,7 @@ impl<'a> Val<'a> {
                 Read::List(items) => {
                     let mut names = Vec::with_capacity(items.len());
                     for item in items {
-                        let name = trim(item);
+                        let name = item.trim();
                         if name.is_empty() {
                             return bad(format!(
                                 "{field} must list non-empty strings, found {}",
@@ -493,7 +490,7 @@ pub const MAX_LIST_NAMES: usize = 1024;
 
 /// `a;b;c`, counted first against [`MAX_LIST_NAMES`].
 fn split_list(field: &str, s: &str) -> Result<Vec<String>, Invalid> {
-    let names = || split_byte(s, b';').map(trim).filter(|s| !s.is_empty());
+    let names = || s.split(';').map(str::trim).filter(|s| !s.is_empty());
     let count = names().count();
     if count > MAX_LIST_NAMES {
         return too_long(field, count);
@@ -508,7 +505,7 @@ fn too_long<T>(field: &str, count: usize) -> Result<T, Invalid> {
 }
 
 fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, Invalid> {
-    let s = trim(s);
+    let s = s.trim();
     if s.is_empty() {
         bad(format!("{field} is empty"))
     } else {
