@@ -8,7 +8,6 @@ use std::{collections::BTreeMap, str::FromStr};
 
 use serde::de::IgnoredAny;
 use serde_json::{Value, value::RawValue};
-use smallvec::SmallVec;
 
 use crate::{
     echo::quoted,
@@ -538,7 +537,7 @@ struct Raw<'a> {
     env: Option<Vec<String>>,
     /// The shorthands written, in order: each source (see [`Fit`]) refuses those it does not
     /// accept. Inline room for the two or three an annotation writes.
-    shorthands: SmallVec<[&'a str; 4]>,
+    shorthands: Vec<&'a str>,
     /// The fields given with a value that was refused: their absence is not reported again.
     failed: Vec<&'a str>,
     /// The fields set, in written order.

@@ -8,7 +8,6 @@ use std::{borrow::Borrow, borrow::Cow, collections::BTreeMap, fmt, ops::Deref};
 
 use serde::{Deserialize, Deserializer, de};
 use serde_json::value::RawValue;
-use smallvec::SmallVec;
 
 /// A string borrowed from the input when it has no escapes, owned otherwise.
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -194,7 +193,7 @@ pub struct SpecView<'a> {
     /// `initContainers` (native sidecars included).
     pub init_containers: Option<Vec<ContainerView<'a>>>,
     /// `volumes`, kept raw: only their names are read, and a same-named one compared.
-    pub volumes: Option<SmallVec<[&'a RawValue; 4]>>,
+    pub volumes: Option<Vec<&'a RawValue>>,
     /// `os`.
     pub os: Option<OsView<'a>>,
 }
@@ -661,7 +660,7 @@ mod tests {
             #[serde(borrow)]
             init_containers: Option<Vec<RefContainer<'a>>>,
             #[serde(borrow)]
-            volumes: Option<SmallVec<[&'a RawValue; 4]>>,
+            volumes: Option<Vec<&'a RawValue>>,
             #[serde(borrow)]
             os: Option<OsView<'a>>,
         }

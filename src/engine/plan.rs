@@ -8,8 +8,6 @@ use std::{
 
 use serde_json::value::RawValue;
 
-use smallvec::SmallVec;
-
 use super::{existing, resolve::Resolved};
 use crate::{
     config::StatusKey,
@@ -27,7 +25,7 @@ use crate::{
 pub(super) struct Additions<T> {
     pub exists: bool,
     /// Inline room for the two a Nextflow task's pod gets (volumes, mounts, variables).
-    pub items: SmallVec<[T; 2]>,
+    pub items: Vec<T>,
 }
 
 /// The two container lists of a pod spec.
@@ -82,9 +80,9 @@ pub(super) struct Plan<'a> {
     pub volumes: Additions<patch::Volume<'a>>,
     /// Containers first, then init containers, each in the pod's order.
     /// Inline room for one: a Nextflow task's pod has one container.
-    pub containers: SmallVec<[ContainerChanges<'a>; 1]>,
+    pub containers: Vec<ContainerChanges<'a>>,
     pub metadata: Metadata,
-    pub annotations: SmallVec<[Annotation<'a>; 1]>,
+    pub annotations: Vec<Annotation<'a>>,
     /// The volumes added, with their kind.
     pub injected: Vec<(String, VolumeKind)>,
     pub warnings: Vec<String>,
@@ -96,15 +94,15 @@ impl<'a> Plan<'a> {
         Plan {
             volumes: Additions {
                 exists: pod.spec.as_ref().is_some_and(|s| s.volumes.is_some()),
-                items: SmallVec::new(),
+                items: Vec::new(),
             },
-            containers: SmallVec::new(),
+            containers: Vec::new(),
             metadata: match pod.metadata.as_ref().map(|m| m.annotations.is_some()) {
                 None => Metadata::Missing,
                 Some(false) => Metadata::NoAnnotations,
                 Some(true) => Metadata::Annotations,
             },
-            annotations: SmallVec::new(),
+            annotations: Vec::new(),
             injected: Vec::new(),
             warnings: Vec::new(),
         }
@@ -171,11 +169,11 @@ pub(super) fn plan<'a>(
                 index,
                 mounts: Additions {
                     exists: c.volume_mounts.is_some(),
-                    items: SmallVec::new(),
+                    items: Vec::new(),
                 },
                 env: Additions {
                     exists: c.env.is_some(),
-                    items: SmallVec::new(),
+                    items: Vec::new(),
                 },
             };
             // The container's mounts (by path, in one spelling) and variables, read once:

@@ -105,7 +105,6 @@ fn add<T: PatchValue + ?Sized>(patch: &mut Patch, path: &str, value: &T) -> Resu
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
-    use smallvec::smallvec;
 
     use super::*;
     use crate::{
@@ -117,17 +116,17 @@ mod tests {
     fn plan(exists: bool, metadata: Metadata, source: &crate::volume::Json) -> Plan<'_> {
         let additions = |items| Additions { exists, items };
         Plan {
-            volumes: additions(smallvec![Volume {
+            volumes: additions(vec![Volume {
                 name: "s",
                 kind: VolumeKind::EmptyDir,
                 source,
             }]),
-            containers: smallvec![ContainerChanges {
+            containers: vec![ContainerChanges {
                 list: ContainerList::InitContainers,
                 index: 1,
                 mounts: Additions {
                     exists,
-                    items: smallvec![VolumeMount {
+                    items: vec![VolumeMount {
                         mount_path: "/s",
                         name: "s",
                         read_only: None,
@@ -136,7 +135,7 @@ mod tests {
                 },
                 env: Additions {
                     exists,
-                    items: smallvec![EnvVar {
+                    items: vec![EnvVar {
                         name: "TMPDIR",
                         value: "/s",
                     }],
