@@ -85,7 +85,7 @@ impl VolumeRequest {
             *self = VolumeRequest::profile(trimmed);
             return Ok(());
         }
-        let mut raw = Raw::default();
+        let mut raw = WrittenFields::default();
         let mut problems = Problems::default();
         for pair in trimmed.split(',') {
             let pair = pair.trim();
@@ -93,7 +93,7 @@ impl VolumeRequest {
                 continue;
             }
             match pair.split_once('=') {
-                Some((key, val)) => raw.read_field(key.trim(), Val::Text(val.trim()), &mut problems),
+                Some((key, val)) => raw.read_field(key.trim(), FieldValue::Text(val.trim()), &mut problems),
                 None => problems.push(match colon_pairs(pair) {
                     Some(fixed) => format!(
                         "{} is not a key=value pair: did you mean {}?",
@@ -327,10 +327,10 @@ impl VolumeRequest {
             .iter()
             .map(|(key, raw)| (key.as_str(), JsonField::read(key.as_str(), raw)))
             .collect();
-        let mut raw = Raw::default();
+        let mut raw = WrittenFields::default();
         let mut problems = Problems::default();
         for (key, val) in &fields {
-            raw.read_field(key, Val::Json(val), &mut problems);
+            raw.read_field(key, FieldValue::Json(val), &mut problems);
         }
         raw.build(problems, self)
     }
@@ -396,30 +396,32 @@ impl<'a> JsonField<'a> {
 // === field dispatch ===
 
 #[derive(Clone, Copy)]
-enum Val<'a> {
+enum FieldValue<'a> {
     Text(&'a str),
     Json(&'a JsonField<'a>),
 }
 
-impl<'a> Val<'a> {
+impl<'a> FieldValue<'a> {
     /// The value, trimmed, borrowed from the annotation (or the JSON) it came from.
     fn string(&self, field: &str) -> Result<&'a str, Invalid> {
         match *self {
-            Val::Text(s) => non_empty(field, s),
-            Val::Json(JsonField {
+            FieldValue::Text(s) => non_empty(field, s),
+            FieldValue::Json(JsonField {
                 read: Read::Text(s),
                 ..
             }) => non_empty(field, s),
-            Val::Json(other) => bad(format!("{field} must be a string, not {}", other.shown())),
+            FieldValue::Json(other) => {
+                bad(format!("{field} must be a string, not {}", other.shown()))
+            }
         }
     }
 
     fn boolean(&self, field: &str) -> Result<bool, Invalid> {
         match *self {
-            Val::Text("true") => Ok(true),
-            Val::Text("false") => Ok(false),
-            Val::Text(s) => bad(format!("{field} must be true or false, not {}", quoted(s))),
-            Val::Json(v) => match &v.read {
+            FieldValue::Text("true") => Ok(true),
+            FieldValue::Text("false") => Ok(false),
+            FieldValue::Text(s) => bad(format!("{field} must be true or false, not {}", quoted(s))),
+            FieldValue::Json(v) => match &v.read {
                 Read::Bool(b) => Ok(*b),
                 Read::Text(s) if s == "true" || s == "false" => Ok(s == "true"),
                 _ => bad(format!("{field} must be true or false, not {}", v.shown())),
@@ -430,8 +432,8 @@ impl<'a> Val<'a> {
     /// `a;b;c` in key=value form, a list (or a `;`-separated string) in JSON.
     fn list(&self, field: &str) -> Result<Vec<String>, Invalid> {
         let items: Vec<String> = match *self {
-            Val::Text(s) => split_list(field, s)?,
-            Val::Json(v) => match &v.read {
+            FieldValue::Text(s) => split_list(field, s)?,
+            FieldValue::Json(v) => match &v.read {
                 Read::Text(s) => split_list(field, s)?,
                 Read::TooLong(count) => return too_long(field, *count),
                 Read::List(items) => {
@@ -471,12 +473,12 @@ impl<'a> Val<'a> {
     /// A JSON object's text.
     fn object(&self, field: &str) -> Result<&'a str, Invalid> {
         match *self {
-            Val::Json(JsonField {
+            FieldValue::Json(JsonField {
                 raw,
                 read: Read::Object,
             }) => Ok(raw.get()),
-            Val::Json(v) => bad(format!("{field} must be a JSON object, not {}", v.shown())),
-            Val::Text(_) => bad(format!(
+            FieldValue::Json(v) => bad(format!("{field} must be a JSON object, not {}", v.shown())),
+            FieldValue::Text(_) => bad(format!(
                 "{field} needs the JSON form; in key=value form write type={field} with its shorthands"
             )),
         }
@@ -514,7 +516,7 @@ fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, Invalid> {
 
 /// Every field as written (borrowed from the value), before the combination is checked.
 #[derive(Default)]
-struct Raw<'a> {
+struct WrittenFields<'a> {
     profile: Option<&'a str>,
     kind: Option<VolumeKind>,
     empty_dir: Option<&'a str>,
@@ -535,7 +537,7 @@ struct Raw<'a> {
     containers: Option<Vec<String>>,
     init_containers: Option<InitTargets>,
     env: Option<Vec<String>>,
-    /// The shorthands written, in order: each source (see [`Fit`]) refuses those it does not
+    /// The shorthands written, in order: each source (see [`ShorthandsOf`]) refuses those it does not
     /// accept. Inline room for the two or three an annotation writes.
     shorthands: Vec<&'a str>,
     /// The fields given with a value that was refused: their absence is not reported again.
@@ -546,7 +548,7 @@ struct Raw<'a> {
 
 /// The sources whose shorthands are checked, and the shorthands each accepts.
 #[derive(Clone, Copy)]
-enum Fit {
+enum ShorthandsOf {
     Profile,
     EmptyDir,
     Csi,
@@ -554,14 +556,16 @@ enum Fit {
     Json,
 }
 
-impl Fit {
+impl ShorthandsOf {
     fn accepts(self, shorthand: &str) -> bool {
         match self {
-            Fit::Profile => shorthand == "size",
-            Fit::EmptyDir => matches!(shorthand, "size" | "medium"),
-            Fit::Csi => matches!(shorthand, "driver" | "fsType") || shorthand.starts_with("attr."),
-            Fit::Ephemeral => matches!(shorthand, "size" | "storageClass" | "accessMode"),
-            Fit::Json => false,
+            ShorthandsOf::Profile => shorthand == "size",
+            ShorthandsOf::EmptyDir => matches!(shorthand, "size" | "medium"),
+            ShorthandsOf::Csi => {
+                matches!(shorthand, "driver" | "fsType") || shorthand.starts_with("attr.")
+            }
+            ShorthandsOf::Ephemeral => matches!(shorthand, "size" | "storageClass" | "accessMode"),
+            ShorthandsOf::Json => false,
         }
     }
 }
@@ -578,7 +582,7 @@ fn put<T>(slot: &mut Option<T>, field: &str, value: T) -> Result<(), Invalid> {
     Ok(())
 }
 
-impl<'a> Raw<'a> {
+impl<'a> WrittenFields<'a> {
     /// Remembers a shorthand, in written order.
     fn note_shorthand(&mut self, key: &'a str) {
         self.shorthands.push(key);
@@ -591,7 +595,7 @@ impl<'a> Raw<'a> {
     /// One field: set, or its problem recorded. A key that is not a field but certainly means
     /// one (`mountpath`, `sizee`) has its value checked as that field too, so that what is
     /// wrong with the value is said in the same answer as the misspelling.
-    fn read_field(&mut self, key: &'a str, val: Val<'a>, problems: &mut Problems) {
+    fn read_field(&mut self, key: &'a str, val: FieldValue<'a>, problems: &mut Problems) {
         if is_field(key) || key.starts_with("attr.") {
             match problems.check(self.set(key, val)) {
                 Some(()) => self.given.push(key),
@@ -616,7 +620,7 @@ impl<'a> Raw<'a> {
         }
     }
 
-    fn set(&mut self, key: &'a str, val: Val<'a>) -> Result<(), Invalid> {
+    fn set(&mut self, key: &'a str, val: FieldValue<'a>) -> Result<(), Invalid> {
         if let Some(attr) = key.strip_prefix("attr.") {
             if attr.is_empty() {
                 return bad("attr. needs a key, e.g. attr.secretProviderClass=vault-db");
@@ -686,7 +690,7 @@ impl<'a> Raw<'a> {
     }
 
     /// The request, written into `out`, or every problem: those found while reading the
-    /// fields, then the source's, then the mount's. (By reference: the ~260-byte `Raw` is not
+    /// fields, then the source's, then the mount's. (By reference: the ~260-byte `WrittenFields` is not
     /// copied into the call, and its lists are taken out; the request's fields are written
     /// where it lives.)
     fn build(&mut self, mut problems: Problems, out: &mut VolumeRequest) -> Result<(), Invalid> {
@@ -742,7 +746,7 @@ impl<'a> Raw<'a> {
     /// shorthand written that does not apply to it refused.
     fn source(&self, problems: &mut Problems) -> Option<(Requested, Option<String>)> {
         if let Some(profile) = self.profile {
-            self.only(Fit::Profile, problems, || {
+            self.only(ShorthandsOf::Profile, problems, || {
                 format!("profile={profile}: a profile fixes the volume source")
             });
             if let Some(s) = self.size {
@@ -754,7 +758,7 @@ impl<'a> Raw<'a> {
         let (source, written) = if let Some(kind) = self.kind {
             (self.shorthand_source(kind, problems)?, Written::Shorthand)
         } else {
-            self.only(Fit::Json, problems, || {
+            self.only(ShorthandsOf::Json, problems, || {
                 "a volume given as a JSON object; put it inside the object".to_owned()
             });
             let source = if let Some(v) = self.empty_dir {
@@ -807,11 +811,13 @@ impl<'a> Raw<'a> {
     fn shorthand_source(&self, kind: VolumeKind, problems: &mut Problems) -> Option<Source> {
         Some(match kind {
             VolumeKind::EmptyDir => {
-                self.only(Fit::EmptyDir, problems, || "type=emptyDir".to_owned());
+                self.only(ShorthandsOf::EmptyDir, problems, || {
+                    "type=emptyDir".to_owned()
+                });
                 Source::empty_dir(self.medium, self.size)
             }
             VolumeKind::Csi => {
-                self.only(Fit::Csi, problems, || "type=csi".to_owned());
+                self.only(ShorthandsOf::Csi, problems, || "type=csi".to_owned());
                 let Some(driver) = self.driver else {
                     if !self.failed("driver") {
                         problems.push("type=csi needs driver=<CSI driver name>");
@@ -822,7 +828,9 @@ impl<'a> Raw<'a> {
                 Source::csi(driver, self.fs_type, self.read_only, &self.attrs)
             }
             VolumeKind::Ephemeral => {
-                self.only(Fit::Ephemeral, problems, || "type=ephemeral".to_owned());
+                self.only(ShorthandsOf::Ephemeral, problems, || {
+                    "type=ephemeral".to_owned()
+                });
                 if self.size.is_none() && !self.size_request {
                     if !self.failed("size") {
                         problems.push(
@@ -839,7 +847,7 @@ impl<'a> Raw<'a> {
 
     /// Refuses each shorthand written that does not fit `fit` (`context` says what the volume
     /// is, for the message).
-    fn only(&self, fit: Fit, problems: &mut Problems, context: impl Fn() -> String) {
+    fn only(&self, fit: ShorthandsOf, problems: &mut Problems, context: impl Fn() -> String) {
         for s in self.shorthands.iter().filter(|s| !fit.accepts(s)) {
             problems.push(format!("{s} does not apply to {}", context()));
         }

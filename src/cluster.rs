@@ -177,7 +177,7 @@ impl ClusterState {
 /// What the checks know of the cluster: a state, and whether it is complete (both lists
 /// received). Until it is, `enforce` acts as `warn`: an incomplete list must not refuse pods.
 #[derive(Debug, Clone, Copy)]
-pub struct Known<'a> {
+pub struct KnownCluster<'a> {
     /// The objects seen.
     pub state: &'a ClusterState,
     /// The first full lists have arrived.

@@ -485,7 +485,7 @@ struct VolumeName<'a> {
 impl<'a> PodView<'a> {
     /// Whether the pod's labels, as written, contain what `search` looks for anywhere (a scan
     /// before decoding).
-    pub fn labels_mention(&self, search: &crate::config::Search) -> bool {
+    pub fn labels_mention(&self, search: &crate::config::Substring) -> bool {
         self.metadata
             .as_ref()
             .and_then(|m| m.labels)

@@ -16,7 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use crate::{
-    cluster::Known,
+    cluster::KnownCluster,
     config::Config,
     decision::Decision,
     engine::{self, PodLocation},
@@ -260,7 +260,7 @@ pub struct Handled<'a> {
 /// tests, the property tests, the fuzz oracle and the benchmarks.
 pub fn handle<'a>(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     endpoint: Endpoint,
     body: &'a [u8],
 ) -> Result<Handled<'a>, ReviewError> {
@@ -312,7 +312,7 @@ fn decode<'a, O: DecodeBoxed<'a>>(
 
 fn mutate<'a>(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     text: &'a str,
 ) -> Result<Handled<'a>, ReviewError> {
     // One pass: the object is decoded as a narrow pod view while the envelope is read.
@@ -353,7 +353,7 @@ fn mutate<'a>(
 
 fn validate<'a>(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     text: &'a str,
 ) -> Result<Handled<'a>, ReviewError> {
     let review = decode::<WorkloadIn<'a>>(text, |req| workload_change(req).is_some())?;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use evi::{
     cli::preview,
-    cluster::{ClusterState, Known},
+    cluster::{ClusterState, KnownCluster},
     config::Config,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -58,7 +58,7 @@ fn run(dir: &Path) -> Result<(), String> {
         true => Some(ClusterState::parse(&read(&cluster)?).map_err(|e| e.to_string())?),
         false => None,
     };
-    let known = cluster.as_ref().map(|state| Known {
+    let known = cluster.as_ref().map(|state| KnownCluster {
         state,
         complete: true,
     });

@@ -298,10 +298,13 @@ fn preview_all(
                  its resource is listed in webhook.workloads.customResources"
             );
         }
-        let known = inputs.cluster.as_ref().map(|state| crate::cluster::Known {
-            state,
-            complete: true,
-        });
+        let known = inputs
+            .cluster
+            .as_ref()
+            .map(|state| crate::cluster::KnownCluster {
+                state,
+                complete: true,
+            });
         let preview = preview::preview(&inputs.cfg, known, object, args.namespace.as_deref())
             .map_err(|e| format!("{}: {which}{e}", args.input()))?;
         let own = workload_own_annotations(&inputs.cfg, object, kind, pointer);

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::{
-    cluster::Known,
+    cluster::KnownCluster,
     config::Config,
     decision::Decision,
     engine::{self, PodLocation},
@@ -117,7 +117,7 @@ pub struct Preview {
 /// Runs the engine on the object's pod and applies the patch to the whole object.
 pub fn preview(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     object: &Value,
     namespace: Option<&str>,
 ) -> Result<Preview, WorkloadError> {

@@ -72,7 +72,7 @@ pub struct Config {
     pub prefix: String,
     /// The prefix's searcher, built once: a pod's labels, as written, are searched for it
     /// (a label meant as an annotation gets a hint).
-    pub prefix_search: Search,
+    pub prefix_search: Substring,
     /// `injector.<prefix>/injected`: the volumes the webhook added.
     pub injected: StatusKey,
     /// `injector.<prefix>/error`, written when `onError: warn` admits a pod it could not serve.
@@ -206,12 +206,12 @@ impl StatusKey {
 /// A substring searcher (`memchr::memmem`), built once instead of for every search;
 /// compared by what it searches for.
 #[derive(Debug, Clone)]
-pub struct Search(memchr::memmem::Finder<'static>);
+pub struct Substring(memchr::memmem::Finder<'static>);
 
-impl Search {
+impl Substring {
     /// A searcher for `needle`.
-    pub fn new(needle: &str) -> Search {
-        Search(memchr::memmem::Finder::new(needle.as_bytes()).into_owned())
+    pub fn new(needle: &str) -> Substring {
+        Substring(memchr::memmem::Finder::new(needle.as_bytes()).into_owned())
     }
 
     /// Whether `haystack` contains the needle.
@@ -220,8 +220,8 @@ impl Search {
     }
 }
 
-impl PartialEq for Search {
-    fn eq(&self, other: &Search) -> bool {
+impl PartialEq for Substring {
+    fn eq(&self, other: &Substring) -> bool {
         self.0.needle() == other.0.needle()
     }
 }
@@ -243,7 +243,7 @@ impl Config {
     fn with_prefix(prefix: &str) -> Self {
         Config {
             prefix: prefix.to_owned(),
-            prefix_search: Search::new(prefix),
+            prefix_search: Substring::new(prefix),
             injected: StatusKey::new(prefix, "injected"),
             error: StatusKey::new(prefix, "error"),
             cluster_check: StatusKey::new(prefix, "cluster-check"),

@@ -23,7 +23,7 @@ mod write;
 use std::borrow::Cow;
 
 use crate::{
-    cluster::{ClusterState, Finding, Known, Mode as ClusterMode},
+    cluster::{ClusterState, Finding, KnownCluster, Mode as ClusterMode},
     config::{Config, OnError},
     decision::{Decision, Denial, DenyReason},
     echo,
@@ -52,7 +52,7 @@ pub struct PodLocation<'a> {
 /// (`None`: nothing, no checks).
 pub fn decide(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
 ) -> Decision {
@@ -79,19 +79,19 @@ pub struct Audit {
 /// refused for).
 pub fn decide_audited(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
 ) -> (Decision, Option<Audit>) {
     if !cfg.audits() {
         return (
-            decide_in(cfg, cluster, pod, at, Scope::All, &mut Blame::default()),
+            decide_for_scope(cfg, cluster, pod, at, Scope::All, &mut Blame::default()),
             None,
         );
     }
     let mut blame = Blame::default();
-    let full = decide_in(cfg, cluster, pod, at, Scope::All, &mut blame);
-    let mut enforced = decide_in(
+    let full = decide_for_scope(cfg, cluster, pod, at, Scope::All, &mut blame);
+    let mut enforced = decide_for_scope(
         cfg,
         cluster,
         pod,
@@ -138,9 +138,9 @@ pub fn decide_audited(
     (enforced, Some(audit))
 }
 
-fn decide_in(
+fn decide_for_scope(
     cfg: &Config,
-    cluster: Option<Known<'_>>,
+    cluster: Option<KnownCluster<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
     scope: Scope,
@@ -154,7 +154,7 @@ fn decide_in(
         (mode, Some(k)) => Some((k.state, mode)),
     };
     let namespaces = cluster.map(|k| &k.state.namespaces);
-    match decide_or_refuse(cfg, checks, namespaces, pod, at, scope, blame) {
+    match decide_requests(cfg, checks, namespaces, pod, at, scope, blame) {
         Ok(mut decision) => {
             decision.add_warnings(near_miss::near_misses(cfg, pod));
             decision.bound_warnings(bounds::MAX_WARNINGS);
@@ -169,7 +169,7 @@ fn decide_in(
     }
 }
 
-fn decide_or_refuse(
+fn decide_requests(
     cfg: &Config,
     checks: Option<(&ClusterState, ClusterMode)>,
     namespaces: Option<
@@ -245,7 +245,7 @@ fn written(
     sources: &Sources<'_>,
     blame: &mut Blame,
 ) -> Result<Decision, Denial> {
-    let patch = write::write(pointer, &plan).inspect_err(|_| sources.all(blame))?;
+    let patch = write::patch_of(pointer, &plan).inspect_err(|_| sources.all(blame))?;
     if patch.len() > bounds::MAX_PATCH_BYTES {
         // Never past the estimate checked before the plan; held here all the same.
         sources.all(blame);
@@ -284,7 +284,7 @@ fn planned<'p>(
 ) -> Result<Plan<'p>, Denial> {
     let mut plan = Plan::new(pod);
     let before = errors.len();
-    plan::plan(&mut plan, pod, volumes, &cfg.injected, &mut errors);
+    plan::place_volumes(&mut plan, pod, volumes, &cfg.injected, &mut errors);
     if errors.len() > before {
         // Conflicts with the pod or between volumes: each of the volumes may be the cause.
         for v in volumes {
@@ -338,7 +338,7 @@ fn apply_on_error(cfg: &Config, pod: &PodView, at: PodLocation<'_>, denial: Deni
         OnError::Warn => {
             let mut plan = Plan::new(pod);
             plan.annotate(pod, &cfg.error, denial.message.clone());
-            match write::write(at.pointer, &plan) {
+            match write::patch_of(at.pointer, &plan) {
                 Ok(patch) => Decision::AdmittedDespiteError {
                     patch,
                     warnings: vec![format!("volumes not injected: {}", denial.message)],
@@ -380,7 +380,7 @@ mod tests {
     fn run(cfg: &Config, cluster: Option<&ClusterState>, pod: &Value) -> (Decision, Value) {
         let text = pod.to_string();
         let view: PodView = serde_json::from_str(&text).unwrap();
-        let known = cluster.map(|state| Known {
+        let known = cluster.map(|state| KnownCluster {
             state,
             complete: true,
         });

@@ -132,7 +132,7 @@ impl<'a> Plan<'a> {
 ///
 /// Filled into `plan` (a new one, [`Plan::new`]) where the caller keeps it: returned, its ~470
 /// bytes were copied once more.
-pub(super) fn plan<'a>(
+pub(super) fn place_volumes<'a>(
     plan: &mut Plan<'a>,
     pod: &PodView,
     volumes: &'a [Resolved<'_>],

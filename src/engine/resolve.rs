@@ -252,13 +252,13 @@ fn build(
     base: Base<'_>,
     size: Option<&str>,
     (checked, from_request): (bool, bool),
-) -> Result<Built, Denial> {
+) -> Result<BuiltSource, Denial> {
     match base {
         // Used as is: its bytes were written when the configuration was loaded.
         Base::Profile(_, p)
             if size.is_none() && policy::default_size(policy, &p.source).is_none() =>
         {
-            Ok(Built {
+            Ok(BuiltSource {
                 kind: p.compiled.kind,
                 json: p.compiled.json.clone(),
                 size: p.compiled.size,
@@ -312,7 +312,7 @@ enum Base<'c> {
 }
 
 /// The source with its size, as the patch will carry it.
-struct Built {
+struct BuiltSource {
     kind: VolumeKind,
     json: Json,
     size: Option<Quantity>,
@@ -336,7 +336,7 @@ fn sized(
     source: Source,
     size: Option<&str>,
     checks: Checks,
-) -> Result<Built, Denial> {
+) -> Result<BuiltSource, Denial> {
     let invalid = |e: crate::validate::Invalid| Denial::invalid(e.0);
     let kind = source.kind();
     let mut source = match size {
@@ -359,7 +359,7 @@ fn sized(
     let json = source
         .to_json()
         .map_err(|e| Denial::invalid(format!("the volume could not be written: {e}")))?;
-    Ok(Built {
+    Ok(BuiltSource {
         kind,
         json,
         size,

@@ -9,7 +9,7 @@ use crate::{
 };
 
 /// Writes the plan for the pod at `pointer` in the patched object.
-pub(super) fn write(pointer: &str, plan: &Plan) -> Result<Patch, Denial> {
+pub(super) fn patch_of(pointer: &str, plan: &Plan) -> Result<Patch, Denial> {
     // A Nextflow task's patch (two volumes, their mounts and variables, the record
     // annotation) is ~720 bytes: room for it stays under mimalloc's 1 KiB small-block limit,
     // above which an allocation takes its slower generic path (benches/README.md).
@@ -162,7 +162,7 @@ mod tests {
 
     fn ops(plan: &Plan<'_>) -> Vec<(String, Value)> {
         let patch: Value =
-            serde_json::from_slice(write("/spec/template", plan).unwrap().as_bytes()).unwrap();
+            serde_json::from_slice(patch_of("/spec/template", plan).unwrap().as_bytes()).unwrap();
         patch
             .as_array()
             .unwrap()

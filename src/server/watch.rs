@@ -31,7 +31,7 @@ pub fn watch(
     sync_timeout: std::time::Duration,
 ) {
     use super::tasks::Until;
-    // Known from the start (at 0), so that the dashboard and alerts find them.
+    // KnownCluster from the start (at 0), so that the dashboard and alerts find them.
     for kind in [drivers().name, classes().name] {
         let label = KindLabel { kind };
         drop(state.metrics.cluster_objects.get_or_create(&label));

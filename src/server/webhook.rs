@@ -92,7 +92,7 @@ async fn review_at(
     let snapshot = state.cluster.as_ref().map(|w| (w.snapshot(), w.complete()));
     let known = snapshot
         .as_ref()
-        .map(|(s, complete)| crate::cluster::Known {
+        .map(|(s, complete)| crate::cluster::KnownCluster {
             state: s,
             complete: *complete,
         });

@@ -389,7 +389,7 @@ async fn reconcile(ctx: &Ctx) -> Result<Duration, Reported> {
     let stored = object.as_ref().map(stored_of);
     let live = read_live(ctx).await?;
     let bundles: Vec<Vec<u8>> = live.iter().map(|w| w.ca_bundle.clone()).collect();
-    let planned = plan::plan(
+    let planned = plan::next_step(
         stored.as_ref(),
         &bundles,
         &s.names,
@@ -744,7 +744,7 @@ mod tests {
     }
 
     fn a_stored_secret(settings: &Settings) -> Stored {
-        let (_, stored) = plan::plan(
+        let (_, stored) = plan::next_step(
             None,
             &[],
             &settings.names,

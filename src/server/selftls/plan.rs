@@ -475,7 +475,7 @@ impl Phase {
 ///
 /// `live` holds each webhook's `caBundle` as the API server has it (PEM; empty when unset).
 /// `names` are the serving certificate's DNS names (or IP addresses), the first one checked.
-pub fn plan(
+pub fn next_step(
     stored: Option<&Stored>,
     live: &[Vec<u8>],
     names: &[String],
@@ -723,7 +723,7 @@ mod tests {
 
     fn step(stored: Option<&Stored>, live: &[&Vec<u8>], now: i64) -> Option<(Step, Stored)> {
         let live: Vec<Vec<u8>> = live.iter().map(|b| (*b).clone()).collect();
-        plan(stored, &live, &names(), &POLICY, now, "test CA").unwrap()
+        next_step(stored, &live, &names(), &POLICY, now, "test CA").unwrap()
     }
 
     /// The step only (a Stored holds keys: never printed).
@@ -1012,7 +1012,7 @@ mod tests {
                 ..
             })
         ));
-        let (s, _) = plan(
+        let (s, _) = next_step(
             Some(&good),
             std::slice::from_ref(&b),
             &["other.example".into()],
