@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 
 use kube_core::admission::Operation;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::{
@@ -43,7 +43,7 @@ pub enum ReviewError {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-#[serde(bound(deserialize = "O: DecodeBoxed<'de>, 'de: 'a"))]
+#[serde(bound(deserialize = "O: Deserialize<'de>, 'de: 'a"))]
 struct ReviewIn<'a, O> {
     #[serde(borrow)]
     api_version: &'a str,
@@ -54,7 +54,7 @@ struct ReviewIn<'a, O> {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-#[serde(bound(deserialize = "O: DecodeBoxed<'de>, 'de: 'a"))]
+#[serde(bound(deserialize = "O: Deserialize<'de>, 'de: 'a"))]
 struct RequestIn<'a, O> {
     #[serde(borrow)]
     uid: &'a str,
@@ -65,60 +65,10 @@ struct RequestIn<'a, O> {
     sub_resource: Option<&'a str>,
     #[serde(borrow)]
     namespace: Option<Str<'a>>,
-    /// Boxed: the pod view (272 bytes) would otherwise be copied again at each layer the
-    /// review is decoded and returned through — `memmove` was ~8 % of a Pod-mode review on an
-    /// AMD EPYC, most of it moves of 256–512 bytes; boxed, the request is 104 bytes. The pod
-    /// view is decoded straight into its box ([`DecodeBoxed`]).
-    #[serde(default, deserialize_with = "boxed")]
+    /// Boxed: the request is small, whatever the object's view.
+    #[serde(default)]
     object: Option<Box<O>>,
     dry_run: Option<bool>,
-}
-
-/// An object decoded into a box. The pod view is filled where the box holds it: decoded, then
-/// boxed, it was copied twice (272 bytes each) on its way in, for every pod reviewed.
-trait DecodeBoxed<'de>: Sized {
-    fn decode_boxed<D: Deserializer<'de>>(d: D) -> Result<Box<Self>, D::Error>;
-}
-
-impl<'de: 'a, 'a> DecodeBoxed<'de> for PodView<'a> {
-    fn decode_boxed<D: Deserializer<'de>>(d: D) -> Result<Box<Self>, D::Error> {
-        let mut pod = Box::<PodView<'a>>::default();
-        pod.fill(d)?;
-        Ok(pod)
-    }
-}
-
-impl<'de: 'a, 'a> DecodeBoxed<'de> for WorkloadIn<'a> {
-    fn decode_boxed<D: Deserializer<'de>>(d: D) -> Result<Box<Self>, D::Error> {
-        WorkloadIn::deserialize(d).map(Box::new)
-    }
-}
-
-impl<'de: 'a, 'a> DecodeBoxed<'de> for &'a RawValue {
-    fn decode_boxed<D: Deserializer<'de>>(d: D) -> Result<Box<Self>, D::Error> {
-        <&RawValue>::deserialize(d).map(Box::new)
-    }
-}
-
-/// `object`: `null` or absent is none.
-fn boxed<'de, D: Deserializer<'de>, O: DecodeBoxed<'de>>(d: D) -> Result<Option<Box<O>>, D::Error> {
-    struct V<O>(std::marker::PhantomData<O>);
-    impl<'de, O: DecodeBoxed<'de>> serde::de::Visitor<'de> for V<O> {
-        type Value = Option<Box<O>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("option")
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            O::decode_boxed(d).map(Some)
-        }
-    }
-    d.deserialize_option(V(std::marker::PhantomData))
 }
 
 #[derive(Deserialize)]
@@ -280,7 +230,7 @@ pub fn handle<'a>(
 /// Decodes the review with its object in the view `O`; should the object not fit that view,
 /// reads it again keeping the object raw, and gives the decoding error only when the request
 /// is one this endpoint decides on (`decides`).
-fn decode<'a, O: DecodeBoxed<'a>>(
+fn decode<'a, O: Deserialize<'a>>(
     text: &'a str,
     decides: impl Fn(&RequestIn<'a, &'a RawValue>) -> bool,
 ) -> Result<ReviewIn<'a, O>, ReviewError> {
