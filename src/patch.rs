@@ -92,9 +92,8 @@ impl Serialize for Patch {
 }
 
 /// A value of a patch operation, written as the JSON serde_json writes for it (compact, the
-/// same escapes): the patch's few types write themselves instead of going through serde's
-/// serializer, whose byte-by-byte string escaping was ~5 % of a review's instructions for
-/// strings that almost never need an escape (`write_str` checks a whole string at once).
+/// same escapes): the patch's few types write themselves, their strings checked whole for
+/// escapes (`write_str`), which they almost never need.
 pub trait PatchValue {
     /// Appends the value's JSON to `out`. Fails only if serde_json fails on a string that
     /// needs escapes (it cannot for a `Vec`).
@@ -102,9 +101,7 @@ pub trait PatchValue {
 }
 
 /// A JSON string: quoted as it is when no byte needs an escape (the usual case; the check is
-/// one pass the compiler vectorises, no branch per byte), else written by serde_json. (A
-/// check of eight bytes at a time, serde_json's own word tests, counted the same instructions
-/// on these short strings and was not kept.)
+/// one pass the compiler vectorises, no branch per byte), else written by serde_json.
 pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
     let escapes = s.bytes().fold(false, |any, b| {
         any | (b < 0x20) | (b == b'"') | (b == b'\\')

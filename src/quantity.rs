@@ -55,8 +55,8 @@ impl FromStr for Quantity {
 }
 
 /// `<digits><suffix>` (`100Gi`, `2G`, `1073741824`, `500m`), the way sizes are written, read
-/// without the general grammar's sign and decimals, in a u64 (a Pod-mode review parses four
-/// sizes, ~400 instructions each by the grammar; benches/README.md has what this bought).
+/// without the general grammar's sign and decimals, in a u64: the common case of every size a
+/// review compares.
 /// `None` for anything else, for a fraction of a
 /// milli-unit (`1n`) and for a value too large, which [`parse`] reads (or refuses) as the
 /// grammar says.

@@ -103,8 +103,7 @@ pub(super) fn collect<'a>(
     namespace: &str,
     scope: Scope,
 ) -> Result<(Vec<Request<'a>>, Vec<Denial>), Denial> {
-    // Sized for the annotations' requests: a `Request` is 312 bytes, and the first push's
-    // room for four would take mimalloc's slower path for blocks above 1 KiB.
+    // Counted first: the bound is checked before any annotation is read.
     let asked = pod.annotations().map_or(0, |a| {
         a.keys().filter(|k| volume_name(cfg, k).is_some()).count()
     });

@@ -114,8 +114,7 @@ fn resolve<'a>(
     } = request;
 
     let base = base(cfg, policy, source, checked).map_err(here)?;
-    // Each mount field the request leaves out is the profile's, borrowed (not cloned: a
-    // profile's mount path was two allocations of every Job-mode review).
+    // Each mount field the request leaves out is the profile's, borrowed.
     let defaults = match &base {
         Base::Profile(_, p) => Some(&p.mount),
         Base::Inline(_) => None,

@@ -10,9 +10,7 @@ use crate::{
 
 /// Writes the plan for the pod at `pointer` in the patched object.
 pub(super) fn patch_of(pointer: &str, plan: &Plan) -> Result<Patch, Denial> {
-    // A Nextflow task's patch (two volumes, their mounts and variables, the record
-    // annotation) is ~720 bytes: room for it stays under mimalloc's 1 KiB small-block limit,
-    // above which an allocation takes its slower generic path (benches/README.md).
+    // Room for the usual patch (a Nextflow task's is ~720 bytes), grown for more.
     let mut patch = Patch::with_capacity(384 * plan.volumes.items.len() + 128);
     let mut path = Pointer::new(pointer);
     add_all(&mut patch, path.at("/spec/volumes"), &plan.volumes)?;

@@ -4,7 +4,7 @@
 //! `level`, the event's fields in the order they were recorded, `target` — but each value is
 //! escaped as it is written, with no intermediate `String` for the timestamp and no
 //! serializer writing through a UTF-8-checking adaptor piece by piece: the decision line is
-//! written once per review (benches/README.md, "The decision log line").
+//! written once per review.
 
 use std::fmt::{self, Write as _};
 

@@ -2,12 +2,10 @@
 //! buffer out in batches — one write and one wake-up per batch (the lines of up to a period,
 //! fewer if the buffer half-fills) instead of one per line.
 //!
-//! `tracing-appender`'s non-blocking writer, used before, sends each line over a channel and
-//! wakes its thread for it (a futex wake, two context switches, a write(2) per line): at
-//! 1,000 reviews/s the decision line cost ~14 % of the webhook's CPU per review, nearly all of
-//! it that hand-off, formatting under 1 µs (benches/README.md, "Load"). Lines are never
-//! dropped: past `limit` bytes waiting, a logging thread waits for the writer, as the
-//! non-blocking writer did with `lossy(false)`.
+//! Why not `tracing-appender`'s non-blocking writer: it sends each line over a channel and
+//! wakes its thread for it (a futex wake, two context switches and a write(2) per line), a
+//! hand-off that costs more than formatting the line. Lines are never dropped: past `limit`
+//! bytes waiting, a logging thread waits for the writer.
 
 use std::{
     io::{self, Write},
