@@ -68,6 +68,9 @@ struct RequestIn<'a, O> {
     /// Boxed: the request is small, whatever the object's view.
     #[serde(default)]
     object: Option<Box<O>>,
+    /// An UPDATE's object as it was, kept raw (a workload's template is compared with it).
+    #[serde(borrow, default)]
+    old_object: Option<&'a RawValue>,
     dry_run: Option<bool>,
 }
 
@@ -99,11 +102,13 @@ struct NameView<'a> {
     generate_name: Option<Str<'a>>,
 }
 
+/// The templates are kept raw: read into a pod view only when the review decides on them, and
+/// an UPDATE's compared with the old object's as text.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WorkloadSpec<'a> {
     #[serde(borrow)]
-    template: Option<PodView<'a>>,
+    template: Option<&'a RawValue>,
     #[serde(borrow)]
     job_template: Option<JobTemplate<'a>>,
 }
@@ -117,7 +122,7 @@ struct JobTemplate<'a> {
 #[derive(Deserialize)]
 struct JobTemplateSpec<'a> {
     #[serde(borrow)]
-    template: Option<PodView<'a>>,
+    template: Option<&'a RawValue>,
 }
 
 impl<'a> WorkloadIn<'a> {
@@ -128,31 +133,14 @@ impl<'a> WorkloadIn<'a> {
         }
     }
 
-    /// The pod template where this kind keeps it.
-    fn template(&self, at: TemplateAt) -> Option<&PodView<'a>> {
+    /// The pod template where this kind keeps it, as written.
+    fn template(&self, at: TemplateAt) -> Option<&'a RawValue> {
         let spec = self.spec.as_ref()?;
         match at {
-            TemplateAt::Spec => spec.template.as_ref(),
-            TemplateAt::JobSpec => spec.job_template.as_ref()?.spec.as_ref()?.template.as_ref(),
+            TemplateAt::Spec => spec.template,
+            TemplateAt::JobSpec => spec.job_template.as_ref()?.spec.as_ref()?.template,
         }
     }
-}
-
-/// The old and new object of an UPDATE, kept raw (read again only for an UPDATE).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct UpdateIn<'a> {
-    #[serde(borrow)]
-    request: UpdateRequest<'a>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct UpdateRequest<'a> {
-    #[serde(borrow)]
-    object: Option<&'a RawValue>,
-    #[serde(borrow)]
-    old_object: Option<&'a RawValue>,
 }
 
 #[derive(Serialize)]
@@ -252,6 +240,7 @@ fn decode<'a, O: Deserialize<'a>>(
                     sub_resource: req.sub_resource,
                     namespace: req.namespace,
                     object: None,
+                    old_object: req.old_object,
                     dry_run: req.dry_run,
                 }),
             })
@@ -312,9 +301,12 @@ fn validate<'a>(
     let mut decision = unchanged();
     let mut audit = None;
     if let (Some(at), Some(object)) = (workload_change(&req), &req.object)
-        && let Some(template) = object.template(at)
-        && (req.operation == Operation::Create || template_changed(text, at.pointer())?)
+        && let Some(raw) = object.template(at)
+        && (req.operation == Operation::Create
+            || template_changed(raw, req.old_object, at.pointer()))
     {
+        let template: PodView<'a> =
+            serde_json::from_str(raw.get()).map_err(ReviewError::Malformed)?;
         subject = Subject {
             kind: req.kind.kind,
             name: object.name(),
@@ -323,7 +315,7 @@ fn validate<'a>(
         (decision, audit) = engine::decide_audited(
             cfg,
             cluster,
-            template,
+            &template,
             PodLocation {
                 namespace: &namespace,
                 pointer: at.pointer(),
@@ -375,18 +367,14 @@ fn workload_change<O>(req: &RequestIn<'_, O>) -> Option<TemplateAt> {
 /// a finalizer removed at deletion, a workload stored before the webhook was installed) is not
 /// decided on: refusing it would block the workload's owners for what its pods already get.
 ///
-/// The two templates are found in the raw objects and compared as text, whitespace outside
-/// strings aside: the API server writes both with one deterministic encoder (struct fields in
-/// order, map keys sorted), so equal templates are equal text. Nothing is decoded into a tree:
-/// an UPDATE of the largest workload costs a few passes over its bytes and no copy of them.
-fn template_changed(text: &str, pointer: &str) -> Result<bool, ReviewError> {
-    let update: UpdateIn<'_> = serde_json::from_str(text).map_err(ReviewError::Malformed)?;
-    let new = template_at(update.request.object, pointer);
-    let old = template_at(update.request.old_object, pointer);
-    Ok(match (new, old) {
-        (Some(a), Some(b)) => !same_json_text(a, b),
-        (a, b) => a.is_some() != b.is_some(),
-    })
+/// The new template and the old object's are compared as text, whitespace outside strings
+/// aside: the API server writes both with one deterministic encoder (struct fields in order,
+/// map keys sorted), so equal templates are equal text. Nothing is decoded into a tree.
+fn template_changed(new: &RawValue, old_object: Option<&RawValue>, pointer: &str) -> bool {
+    match template_at(old_object, pointer) {
+        Some(old) => !same_json_text(new.get(), old),
+        None => true,
+    }
 }
 
 /// The raw value at `pointer` (`/spec/template`) in `raw`, found one object at a time.
@@ -746,21 +734,26 @@ mod tests {
     #[test]
     fn templates_are_compared_in_the_raw_text_whitespace_aside() {
         let pointer = "/spec/template";
-        let review = |new: &str, old: &str| {
-            format!(r#"{{"request": {{"object": {new}, "oldObject": {old}}}}}"#)
+        // The new object's template (as the review keeps it) against the old object.
+        let changed = |new: &str, old: &str| {
+            let new: &RawValue = serde_json::from_str(new).unwrap();
+            let old: Option<&RawValue> = serde_json::from_str(old).unwrap();
+            template_changed(template_raw(new, pointer), old, pointer)
         };
+        fn template_raw<'a>(object: &'a RawValue, pointer: &str) -> &'a RawValue {
+            let text = template_at(Some(object), pointer).unwrap();
+            serde_json::from_str(text).unwrap()
+        }
         let a = r#"{"metadata":{"labels":{"x":"1"}},"spec":{"template":{"spec":{"containers":[{"name":"c","image":"i"}]}}}}"#;
         // Another label on the workload, the template pretty-printed: the same template.
         let b = r#"{"metadata":{"labels":{"x":"2"}}, "spec": {"template": {"spec": {"containers": [ {"name": "c", "image": "i"} ] } } } }"#;
-        assert!(!template_changed(&review(a, b), pointer).unwrap());
+        assert!(!changed(a, b));
         // A space inside a string is a change.
         let c = r#"{"spec":{"template":{"spec":{"containers":[{"name":"c","image":"i "}]}}}}"#;
-        assert!(template_changed(&review(a, c), pointer).unwrap());
-        // A template added or removed is a change; none on either side is not.
-        let none = r#"{"spec":{}}"#;
-        assert!(template_changed(&review(a, none), pointer).unwrap());
-        assert!(template_changed(&review(none, a), pointer).unwrap());
-        assert!(!template_changed(&review(none, "null"), pointer).unwrap());
+        assert!(changed(a, c));
+        // A template added is a change (an old object without one, or none at all).
+        assert!(changed(a, r#"{"spec":{}}"#));
+        assert!(changed(a, "null"));
         // Escapes are read as text: an escaped quote does not end the string.
         assert!(same_json_text(r#"{"a":"x\" y"}"#, r#"{ "a" : "x\" y" }"#));
         assert!(!same_json_text(r#"{"a":"x\" y"}"#, r#"{"a":"x\"y"}"#));
