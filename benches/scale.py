@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 import conftest  # noqa: E402 - after the sys.path insert above
 from conftest import Cluster, Release, Webhook, wait_for  # noqa: E402 - after the sys.path insert above
-from controlplane import TOOLS_DIR, ControlPlane, free_port, start_process, stop_process  # noqa: E402 - after the sys.path insert above
+from controlplane import (  # noqa: E402 - after the sys.path insert above
+    TOOLS_DIR, ControlPlane, pipe, start_process, start_scheduler, stop_process)
 
 KWOK = TOOLS_DIR / "release" / "bin" / "kwok"
 KWOK_STAGES = TOOLS_DIR / "release" / "kwok-stages"
@@ -174,16 +175,6 @@ class Balancer:
             writer.close()
             return
 
-        async def pipe(r, w):
-            try:
-                while data := await r.read(65536):
-                    w.write(data)
-                    await w.drain()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
-            finally:
-                w.close()
-
         await asyncio.gather(pipe(reader, bw), pipe(br, writer))
 
     async def _shutdown(self) -> None:
@@ -244,12 +235,8 @@ class Bench:
         self.cluster = Cluster(self.cp)
         self.api = Api(self.cp)
         kc = str(self.cp.kubeconfig)
-        self.procs["kube-scheduler"] = start_process([
-            str(self.cp.bin / "kube-scheduler"), "--kubeconfig", kc,
-            "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--leader-elect=false",
-            "--kube-api-qps", "500", "--kube-api-burst", "1000",
-        ], self.cp.dir / "kube-scheduler.log")
+        self.procs["kube-scheduler"] = start_scheduler(self.cp, self.cp.dir / "kube-scheduler.log",
+                                                       "--kube-api-qps", "500", "--kube-api-burst", "1000")
         if not KWOK.exists():
             raise SystemExit(f"{KWOK} is missing: bash tests/release/build-tools.sh kwok")
         stages = self.cp.dir / "kwok.yaml"

@@ -10,6 +10,7 @@ Needs the control-plane binaries (tests/controlplane/build.sh), helm and kubectl
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -219,6 +220,33 @@ class Release:
         if self.webhook:
             self.webhook.stop()
         self.cluster.helm("uninstall", self.name, "-n", RELEASE_NS, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def installed(cluster: Cluster, name: str, values: dict, workdir: Path, *webhook_args: str,
+              service_account: bool = False, start: bool = True):
+    """The chart installed with `values` and (unless `start` is false) its webhook started with
+    `webhook_args` — and the release's ServiceAccount kubeconfig with `service_account` —;
+    uninstalled afterwards, whatever happened."""
+    r = Release(cluster, name, values, workdir).install()
+    try:
+        if start:
+            sa = ["--kubeconfig", str(r.service_account_kubeconfig())] if service_account else []
+            r.start_webhook(*sa, *webhook_args)
+        yield r
+    finally:
+        r.uninstall()
+
+
+def release_fixture(name: str, values: dict, *webhook_args: str, service_account: bool = False):
+    """A module's release (`release = release_fixture(...)` at module level): installed and
+    started once for the module."""
+    @pytest.fixture(scope="module")
+    def release(cluster, tmp_path_factory):
+        with installed(cluster, name, values, tmp_path_factory.mktemp(name), *webhook_args,
+                       service_account=service_account) as r:
+            yield r
+    return release
 
 
 def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path: Path,

@@ -94,6 +94,29 @@ def start_process(cmd: list[str], log: Path, env: dict | None = None) -> subproc
                             env=env, preexec_fn=_die_with_parent)
 
 
+def start_scheduler(cp: "ControlPlane", log: Path, *extra: str) -> subprocess.Popen:
+    """kube-scheduler against the control plane, on a free loopback port, no leader election."""
+    kc = str(cp.kubeconfig)
+    return start_process([
+        str(cp.bin / "kube-scheduler"), "--kubeconfig", kc,
+        "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
+        "--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--leader-elect=false", *extra,
+    ], log)
+
+
+async def pipe(reader, writer) -> None:
+    """Copies one direction of a TCP proxy until either side ends, then closes the writer."""
+    import asyncio
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
 def stop_process(p: subprocess.Popen, timeout: float = 10) -> None:
     if p.poll() is not None:
         return

@@ -28,7 +28,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from controlplane import ControlPlane, free_port, start_process, stop_process, wait_for
+from controlplane import ControlPlane, free_port, start_process, start_scheduler, stop_process, wait_for
 
 NODE_NAME = "evi-node"
 # The other end-to-end tests leave pods behind that were never meant to run (images that cannot
@@ -328,12 +328,7 @@ state = "{d / 'state'}"
         ], self.dir / "kubelet.log", env=dict(os.environ, PATH=PATH))
 
     def _start_scheduler(self) -> None:
-        kc = str(self.cp.kubeconfig)
-        self.procs["kube-scheduler"] = start_process([
-            str(self.cp.bin / "kube-scheduler"), "--kubeconfig", kc,
-            "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()), "--leader-elect=false",
-        ], self.dir / "kube-scheduler.log")
+        self.procs["kube-scheduler"] = start_scheduler(self.cp, self.dir / "kube-scheduler.log")
 
     def _wait_ready(self, deadline: float) -> None:
         def ready() -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Release, mounts_by_path, pod, volumes_by_name, wait_for
+from conftest import mounts_by_path, pod, release_fixture, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 INJECTED = f"injector.{P}/injected"
@@ -41,12 +41,7 @@ VALUES = {
 }
 
 
-@pytest.fixture(scope="module")
-def release(cluster, tmp_path_factory):
-    r = Release(cluster, "evi", VALUES, tmp_path_factory.mktemp("release")).install()
-    r.start_webhook()
-    yield r
-    r.uninstall()
+release = release_fixture("evi", VALUES)
 
 
 # === Pod mode: each volume kind, key=value and JSON ===

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from conftest import Release, pod, volumes_by_name, wait_for
+from conftest import pod, release_fixture, volumes_by_name, wait_for
 
 P = "audit.evi.test"
 INJECTED = f"injector.{P}/injected"
@@ -28,12 +27,7 @@ VALUES = {
 }
 
 
-@pytest.fixture(scope="module")
-def release(cluster, tmp_path_factory):
-    r = Release(cluster, "evi-audit", VALUES, tmp_path_factory.mktemp("release")).install()
-    r.start_webhook()
-    yield r
-    r.uninstall()
+release = release_fixture("evi-audit", VALUES)
 
 
 def create(cluster, obj: dict) -> tuple[dict, list[str]]:

@@ -11,7 +11,8 @@ import json
 import threading
 
 import pytest
-from conftest import Release, Webhook, free_port, pod, volumes_by_name, wait_for
+from conftest import Webhook, free_port, installed, pod, volumes_by_name, wait_for
+from controlplane import pipe
 
 P = "ephemeral-volumes.io"
 CHECK = f"injector.{P}/cluster-check"
@@ -46,10 +47,9 @@ def apply(cluster, objects):
 @pytest.fixture(scope="module")
 def checked(cluster, tmp_path_factory):
     apply(cluster, OBJECTS)
-    r = Release(cluster, "evi", {"config": {"clusterChecks": "enforce"}}, tmp_path_factory.mktemp("checks")).install()
-    r.start_webhook("--kubeconfig", str(r.service_account_kubeconfig()), "--cluster-sync-timeout-seconds", "20")
-    yield r
-    r.uninstall()
+    with installed(cluster, "evi", {"config": {"clusterChecks": "enforce"}}, tmp_path_factory.mktemp("checks"),
+                   "--cluster-sync-timeout-seconds", "20", service_account=True) as r:
+        yield r
     cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": OBJECTS}))
 
@@ -139,14 +139,6 @@ class Forwarder:
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
     def open(self):
-        async def pipe(r, w):
-            try:
-                while data := await r.read(65536):
-                    w.write(data)
-                    await w.drain()
-            finally:
-                w.close()
-
         async def handle(r, w):
             tr, tw = await asyncio.open_connection("127.0.0.1", self.target)
             await asyncio.gather(pipe(r, tw), pipe(tr, w), return_exceptions=True)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import BINARY, CHART, HELM, RELEASE_NS, Release, pod, wait_for
+from conftest import BINARY, CHART, HELM, RELEASE_NS, installed, pod, wait_for
 
 P = "ephemeral-volumes.io"
 
@@ -22,13 +22,12 @@ def stopped(cluster, tmp_path_factory):
                                     "podSelector": {"matchLabels": {"nextflow.io/app": "nextflow"}},
                                     "volumes": {"scratch": "type=emptyDir,mountPath=/scratch,size=1Gi"}}]},
               "webhook": {"excludeNamespaces": ["excluded"], "failurePolicy": "Fail"}}
-    r = Release(cluster, "evi-down", values, tmp_path_factory.mktemp("down")).install()
-    ns = cluster.namespace("nf-down")
-    probe = pod(namespace=ns, annotations={f"{P}/x": "type=emptyDir,mountPath=/x"})
-    wait_for("the webhook configuration to take effect",
-             lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
-    yield r
-    r.uninstall()
+    with installed(cluster, "evi-down", values, tmp_path_factory.mktemp("down"), start=False) as r:
+        ns = cluster.namespace("nf-down")
+        probe = pod(namespace=ns, annotations={f"{P}/x": "type=emptyDir,mountPath=/x"})
+        wait_for("the webhook configuration to take effect",
+                 lambda probe=probe: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+        yield r
 
 
 def test_with_the_webhook_down_only_pods_that_ask_are_refused(cluster, stopped):

@@ -10,7 +10,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import BINARY, RELEASE_NS, Release, pod, volumes_by_name, wait_for
+from conftest import BINARY, RELEASE_NS, Release, installed, pod, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 NS = "nf-jobs"
@@ -81,14 +81,13 @@ def jobs(cluster, tmp_path_factory):
         "disk": {"mountPath": "/scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
             "accessModes": ["ReadWriteOnce"], "storageClassName": CLASS,
             "resources": {"requests": {"storage": "1Gi"}}}}}}}}}
-    r = Release(cluster, "evi-jobs", values, tmp_path_factory.mktemp("jobs")).install()
-    r.start_webhook("--kubeconfig", str(r.service_account_kubeconfig()), "--cluster-sync-timeout-seconds", "20")
-    cluster.namespace(NS)
-    probe = nextflow_job("probe", {f"{P}/s": BAD_SIZE})
-    wait_for("the workload webhook to take effect",
-             lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
-    yield r
-    r.uninstall()
+    with installed(cluster, "evi-jobs", values, tmp_path_factory.mktemp("jobs"),
+                   "--cluster-sync-timeout-seconds", "20", service_account=True) as r:
+        cluster.namespace(NS)
+        probe = nextflow_job("probe", {f"{P}/s": BAD_SIZE})
+        wait_for("the workload webhook to take effect",
+                 lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
+        yield r
     cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(
         {"apiVersion": "v1", "kind": "List", "items": OBJECTS}))
 

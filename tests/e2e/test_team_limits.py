@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import Release, SteadyCreator, pod, wait_for
+from conftest import SteadyCreator, installed, pod, wait_for
 
 P = "ephemeral-volumes.io"
 CONFIG = {
@@ -27,12 +27,11 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def teams(cluster, tmp_path_factory):
-    r = Release(cluster, "evi-teams", {"config": CONFIG}, tmp_path_factory.mktemp("teams")).install()
     for name, labels in (("teams-a", {"team": "a"}), ("teams-none", {}), ("teams-special", {"team": "b"})):
         cluster.namespace(name, labels)
-    r.start_webhook("--kubeconfig", str(r.service_account_kubeconfig()))
-    yield r
-    r.uninstall()
+    with installed(cluster, "evi-teams", {"config": CONFIG}, tmp_path_factory.mktemp("teams"),
+                   service_account=True) as r:
+        yield r
 
 
 def asking(ns: str, size: str) -> dict:
