@@ -30,6 +30,6 @@ for path in glob.glob("tests/golden/*/input.*"):
 put("review", open("tests/data/review.json").read())
 for path in ["tests/data/config.yaml", "tests/data/config-warn.yaml"]:
     put("config", open(path).read())
-for literal in re.findall(r'\("((?:type|profile|\{)[^"\\]*(?:\\.[^"\\]*)*)", "', open("src/annotation.rs").read()):
+for literal in re.findall(r'\("((?:type|profile|\{)[^"\\]*(?:\\.[^"\\]*)*)", "', open("src/annotation/mod.rs").read()):
     put("annotation", literal.encode().decode("unicode_escape"))
 print({k: len(os.listdir(f"fuzz/corpus/{k}")) for k in ["annotation", "config", "review"]})
