@@ -33,7 +33,7 @@ use crate::{
 use self::{
     blame::{Blame, Sources},
     plan::Plan,
-    request::Scope,
+    request::{Request, Scope},
     resolve::Resolved,
 };
 
@@ -83,22 +83,23 @@ pub fn decide_audited(
     pod: &PodView,
     at: PodLocation<'_>,
 ) -> (Decision, Option<Audit>) {
+    // The annotations are read once; what the two scopes ask for is made of them.
+    let read = request::annotations(cfg, pod);
     if !cfg.audits() {
-        return (
-            decide_for_scope(cfg, cluster, pod, at, Scope::All, &mut Blame::default()),
-            None,
-        );
+        let requests = read.and_then(|r| r.all(cfg, pod, at.namespace));
+        let decision = decide_for_scope(cfg, cluster, pod, at, requests, &mut Blame::default());
+        return (decision, None);
     }
+    let (all, enforced) = match &read {
+        Ok(r) => (
+            r.in_scope(cfg, pod, at.namespace, Scope::All),
+            r.in_scope(cfg, pod, at.namespace, Scope::Enforced),
+        ),
+        Err(d) => (Err(d.clone()), Err(d.clone())),
+    };
     let mut blame = Blame::default();
-    let full = decide_for_scope(cfg, cluster, pod, at, Scope::All, &mut blame);
-    let mut enforced = decide_for_scope(
-        cfg,
-        cluster,
-        pod,
-        at,
-        Scope::Enforced,
-        &mut Blame::default(),
-    );
+    let full = decide_for_scope(cfg, cluster, pod, at, all, &mut blame);
+    let mut enforced = decide_for_scope(cfg, cluster, pod, at, enforced, &mut Blame::default());
     if full == enforced {
         return (enforced, None);
     }
@@ -143,7 +144,7 @@ fn decide_for_scope(
     cluster: Option<KnownCluster<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
-    scope: Scope,
+    requests: Result<(Vec<Request<'_>>, Vec<Denial>), Denial>,
     blame: &mut Blame,
 ) -> Decision {
     // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
@@ -154,7 +155,7 @@ fn decide_for_scope(
         (mode, Some(k)) => Some((k.state, mode)),
     };
     let namespaces = cluster.map(|k| &k.state.namespaces);
-    match decide_requests(cfg, checks, namespaces, pod, at, scope, blame) {
+    match requests.and_then(|r| decide_requests(cfg, checks, namespaces, pod, at, r, blame)) {
         Ok(mut decision) => {
             decision.add_warnings(near_miss::near_misses(cfg, pod));
             decision.bound_warnings(bounds::MAX_WARNINGS);
@@ -177,11 +178,11 @@ fn decide_requests(
     >,
     pod: &PodView,
     at: PodLocation<'_>,
-    scope: Scope,
+    (requests, mut errors): (Vec<Request<'_>>, Vec<Denial>),
     blame: &mut Blame,
 ) -> Result<Decision, Denial> {
-    let (requests, mut errors) = request::collect(cfg, pod, at.namespace, scope)?;
-    let credited = scope == Scope::All && cfg.audits();
+    // Which audited source each request has, credited with what this decision does.
+    let credited = cfg.audits();
     let sources = Sources::of(cfg, credited, &requests);
     // An annotation that cannot be read is audited under the default `mode: audit` (the
     // enforced decision drops it).

@@ -82,6 +82,7 @@ impl Origin<'_> {
 }
 
 /// One volume asked for.
+#[derive(Clone)]
 pub(super) struct Request<'a> {
     /// The volume's name (after the annotation prefix, or a rule's volume).
     pub name: &'a str,
@@ -94,98 +95,138 @@ fn volume_name<'k>(cfg: &Config, key: &'k str) -> Option<&'k str> {
     key.strip_prefix(cfg.prefix.as_str())?.strip_prefix('/')
 }
 
-/// Every volume the pod asks for, by name; an annotation wins over a rule for the same name,
-/// and the first matching rule over later ones. Every annotation error, beside the requests
-/// that could be read (a refused annotation still keeps its name from the rules).
-pub(super) fn collect<'a>(
+/// A pod's annotations of the prefix, each read once: the requests that could be read, every
+/// error, and the names of those refused (a refused annotation still keeps its name from the
+/// rules).
+pub(super) struct Annotations<'a> {
+    requests: Vec<Request<'a>>,
+    errors: Vec<Denial>,
+    refused: Vec<&'a str>,
+}
+
+/// Reads the pod's annotations of the prefix (their number bounded first).
+pub(super) fn annotations<'a>(
     cfg: &'a Config,
     pod: &'a PodView<'_>,
-    namespace: &str,
-    scope: Scope,
-) -> Result<(Vec<Request<'a>>, Vec<Denial>), Denial> {
+) -> Result<Annotations<'a>, Denial> {
     // Counted first: the bound is checked before any annotation is read.
     let asked = pod.annotations().map_or(0, |a| {
         a.keys().filter(|k| volume_name(cfg, k).is_some()).count()
     });
     bounds::annotations(asked, &cfg.prefix)?;
-    let mut requests = Vec::with_capacity(asked);
-    let mut errors = Vec::new();
-    let mut refused = Vec::new();
+    let mut read = Annotations {
+        requests: Vec::with_capacity(asked),
+        errors: Vec::new(),
+        refused: Vec::new(),
+    };
     for (key, value) in pod.annotations().into_iter().flatten() {
         let Some(name) = volume_name(cfg, key) else {
             continue;
         };
-        let read = Read { cfg, pod, scope };
-        if !read.annotation(&mut requests, key, name, value, &mut errors) {
-            refused.push(name);
+        if !read_annotation(pod, &mut read.requests, key, name, value, &mut read.errors) {
+            read.refused.push(name);
         }
     }
-    rule_requests(cfg, pod, namespace, scope, &refused, &mut requests)?;
-    requests.sort_by(|a, b| a.name.cmp(b.name));
-    Ok((requests, errors))
-}
-/// What reads one annotation into a request.
-struct Read<'a, 'p> {
-    cfg: &'a Config,
-    pod: &'a PodView<'p>,
-    scope: Scope,
+    Ok(read)
 }
 
-impl<'a> Read<'a, '_> {
-    /// The annotation `key` (volume `name`) read into the list's next slot, which stays if the
-    /// request is served in this scope; `false` when it is not (refused, or audited), with
-    /// its errors.
-    fn annotation(
+impl<'a> Annotations<'a> {
+    /// Every volume the pod asks for in this scope, by name — an annotation wins over a rule
+    /// for the same name, and the first matching rule over later ones —, and every annotation
+    /// error the scope reports. Enforced, an audited annotation is left out (its name still
+    /// taken from the rules), and under the default `mode: audit` so is every error (an
+    /// annotation that cannot be read is audited too).
+    pub(super) fn in_scope(
         &self,
-        requests: &mut Vec<Request<'a>>,
-        key: &'a str,
-        name: &'a str,
-        value: &str,
-        errors: &mut Vec<Denial>,
-    ) -> bool {
-        let (cfg, pod, scope) = (self.cfg, self.pod, self.scope);
-        let origin = Origin::Annotation(key);
-        // Parsed where it will live, the list's next slot (taken back unless it is kept):
-        // a request returned by value was copied at every layer it passed through.
-        let at = requests.len();
-        requests.resize_with(at + 1, || Request {
-            name,
-            origin,
-            request: VolumeRequest::placeholder(),
-        });
-        let Some(slot) = requests.last_mut() else {
-            return false; // never: the slot was just added
-        };
-        let parsed = validate::dns_label("volume name", name)
-            .and_then(|()| bounds::value(value).map_err(Invalid))
-            .and_then(|()| slot.request.read(value));
-        let kept = match parsed {
-            Ok(()) => !(scope == Scope::Enforced && audited(cfg, &origin, &slot.request)),
-            // Under the default `mode: audit` an unreadable annotation is audited too.
-            Err(_) if scope == Scope::Enforced && cfg.mode == Mode::Audit => false,
-            Err(e) => {
-                errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
-                // The checks against the pod, on what could be read of it: every mistake of
-                // the annotation in one answer (a misspelt container too, not on the next try).
-                let mount = &slot.request.mount;
-                if let Err(d) = targets::find(
-                    pod,
-                    mount.containers.as_deref(),
-                    mount.init_containers.as_ref(),
-                ) {
-                    errors.push(Denial::new(
-                        d.reason,
-                        format!("annotation {key}: {}", d.message),
-                    ));
-                }
-                false
+        cfg: &'a Config,
+        pod: &PodView<'_>,
+        namespace: &str,
+        scope: Scope,
+    ) -> Result<(Vec<Request<'a>>, Vec<Denial>), Denial> {
+        let mut refused = self.refused.clone();
+        let mut requests = Vec::with_capacity(self.requests.len());
+        for r in &self.requests {
+            if scope == Scope::Enforced && audited(cfg, &r.origin, &r.request) {
+                refused.push(r.name);
+            } else {
+                requests.push(r.clone());
             }
-        };
-        if !kept {
-            requests.truncate(at);
         }
-        kept
+        let errors = match scope {
+            Scope::Enforced if cfg.mode == Mode::Audit => Vec::new(),
+            _ => self.errors.clone(),
+        };
+        rule_requests(cfg, pod, namespace, scope, &refused, &mut requests)?;
+        requests.sort_by(|a, b| a.name.cmp(b.name));
+        Ok((requests, errors))
     }
+
+    /// [`Annotations::in_scope`] for every request, the annotations' own moved, not copied.
+    pub(super) fn all(
+        self,
+        cfg: &'a Config,
+        pod: &PodView<'_>,
+        namespace: &str,
+    ) -> Result<(Vec<Request<'a>>, Vec<Denial>), Denial> {
+        let Annotations {
+            mut requests,
+            errors,
+            refused,
+        } = self;
+        rule_requests(cfg, pod, namespace, Scope::All, &refused, &mut requests)?;
+        requests.sort_by(|a, b| a.name.cmp(b.name));
+        Ok((requests, errors))
+    }
+}
+/// The annotation `key` (volume `name`) read into the list's next slot, which stays if it
+/// could be read; `false`, with its errors, when it could not. Read in place, so that what
+/// could be read of a refused value (its containers) is still checked against the pod.
+fn read_annotation<'a>(
+    pod: &PodView<'_>,
+    requests: &mut Vec<Request<'a>>,
+    key: &'a str,
+    name: &'a str,
+    value: &str,
+    errors: &mut Vec<Denial>,
+) -> bool {
+    let origin = Origin::Annotation(key);
+    // Read where it will live, the list's next slot (taken back unless it could be read).
+    let at = requests.len();
+    requests.resize_with(at + 1, || Request {
+        name,
+        origin,
+        request: VolumeRequest::placeholder(),
+    });
+    let Some(slot) = requests.last_mut() else {
+        return false; // never: the slot was just added
+    };
+    let parsed = validate::dns_label("volume name", name)
+        .and_then(|()| bounds::value(value).map_err(Invalid))
+        .and_then(|()| slot.request.read(value));
+    let kept = match parsed {
+        Ok(()) => true,
+        Err(e) => {
+            errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
+            // The checks against the pod, on what could be read of it: every mistake of
+            // the annotation in one answer (a misspelt container too, not on the next try).
+            let mount = &slot.request.mount;
+            if let Err(d) = targets::find(
+                pod,
+                mount.containers.as_deref(),
+                mount.init_containers.as_ref(),
+            ) {
+                errors.push(Denial::new(
+                    d.reason,
+                    format!("annotation {key}: {}", d.message),
+                ));
+            }
+            false
+        }
+    };
+    if !kept {
+        requests.truncate(at);
+    }
+    kept
 }
 
 /// The volumes of every rule that matches the pod, but those a request of the same name has
