@@ -14,6 +14,7 @@
 //! use. `/readyz` fails only while there is no valid certificate at all.
 
 pub mod plan;
+mod policy;
 
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
@@ -34,7 +35,7 @@ use kube::{
     runtime::{WatchStreamExt as _, watcher},
 };
 
-use self::plan::{Policy, Stored};
+use self::{plan::Stored, policy::Policy};
 use super::{
     args::ServeArgs, certs::unix_now, errors::ServeError, metrics::OperationLabel, state::AppState,
     tls,
@@ -441,7 +442,7 @@ fn log_step(ctx: &Ctx, step: &plan::Step) {
         plan::Step::NextCaAdded => tracing::info!(step = step.name(), %secret,
             "self-managed TLS: the CA is due for renewal; the next CA is added to the CA bundle first"),
         plan::Step::NextCaTrusted => {
-            tracing::info!(step = step.name(), %secret, settle_seconds = plan::SETTLE,
+            tracing::info!(step = step.name(), %secret, settle_seconds = policy::SETTLE,
             "self-managed TLS: every webhook configuration holds the next CA; switching after the settle time")
         }
         plan::Step::NextCaUntrusted => tracing::warn!(step = step.name(), %secret,
