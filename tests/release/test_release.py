@@ -143,7 +143,7 @@ PROFILE = ROOT / "target" / "pgo" / "evi.profdata"
 
 # The request path's entry and the engine's decision, as their symbols are mangled (functions
 # that CI's opt-level 1 does not inline into their callers before instrumenting either).
-@pytest.mark.parametrize("function", ["3evi6review6handle", "3evi6engine9decide_in"])
+@pytest.mark.parametrize("function", ["3evi6review6handle", "3evi6engine16decide_for_scope"])
 def test_the_profile_the_binaries_are_optimised_with_ran_the_request_path(function):
     """release/pgo.py's training reached the engine: the optimised build's profile counts each
     golden case's review in the functions every review passes through. A training that only
