@@ -2,20 +2,18 @@
 //! This file is the composition (`serve` starts the parts in order); the parts, from the
 //! bottom up:
 //!
-//! - `state`: what every request shares (`AppState`); `errors`: why `serve`
-//!   could not start; `args`: the flags, and the durations made of them;
-//! - `metrics`: every metric, defined once; `http`: JSON errors and response counts, shared by
-//!   both ports; `bodies`: request bodies within their size, time and memory bounds;
-//! - `listener`: the ports, their connection caps, TLS; `connection`: one connection's
-//!   timeouts (headers, body, idle HTTP/1.1 and HTTP/2);
-//! - `webhook`: `POST /mutate` and `POST /validate`; `admin`: `/healthz`, `/readyz`,
-//!   `/metrics`;
-//! - TLS: [`tls`] the certificate store, `certs` the files it is read from, `reload` the
-//!   certificate and configuration reloads, `selftls` the self-managed certificate keeper;
-//! - the cluster: `client` the API client, `watch` the CSIDriver, StorageClass and Namespace
-//!   watches, `cluster_view` the snapshot the request path reads;
-//! - `tasks`: the background tasks; `shutdown`: signals and the drain; `logging`,
-//!   `log_writer`, `json_log`: the log lines and their writer.
+//! - `certs`, `tasks`, `client` (the API client), `cluster_view` (the snapshot the request path
+//!   reads), `log_writer` and `json_log` (the log lines and their writer);
+//! - [`tls`] (the certificate store), `metrics` (every metric, defined once); `errors` (why
+//!   `serve` could not start), `bodies` (request bodies within their size, time and memory
+//!   bounds);
+//! - `state` (what every request shares), `connection` (one connection's timeouts);
+//! - `http` (JSON errors and response counts, shared by both ports), `listener` (the ports,
+//!   their connection caps, TLS), `args` (the flags), `watch` (the cluster watches), `reload`
+//!   (certificate and configuration reloads);
+//! - `webhook` (`POST /mutate`, `POST /validate`), `admin` (`/healthz`, `/readyz`,
+//!   `/metrics`), `logging`, `selftls` (the self-managed certificate keeper); `shutdown`
+//!   (signals and the drain).
 
 mod admin;
 mod args;
