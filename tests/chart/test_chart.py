@@ -31,26 +31,8 @@ BUILTIN_KINDS = {
     "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "ServiceAccount", "ValidatingWebhookConfiguration",
 }
 
-NEXTFLOW_VALUES = {
-    "config": {
-        "profiles": {
-            "ebs-200g": {
-                "mountPath": "/scratch",
-                "ephemeral": {"volumeClaimTemplate": {"spec": {
-                    "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
-                    "resources": {"requests": {"storage": "200Gi"}}}}},
-            },
-            "shm": {"mountPath": "/dev/shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
-        },
-        "rules": [
-            {"name": "nextflow-scratch", "namespaces": ["nf", "nf-dev"],
-             "podSelector": {"matchLabels": {"nextflow.io/app": "nextflow"},
-                             "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]},
-             "volumes": {"scratch": {"profile": "ebs-200g"}}},
-        ],
-        "policy": {"storageClasses": ["gp3"], "maxSize": {"ephemeral": "1Ti"}, "maxVolumesPerPod": 8},
-    }
-}
+# The Nextflow installation the end-to-end tests install too.
+NEXTFLOW_VALUES = yaml.safe_load((ROOT / "tests" / "data" / "nextflow-values.yaml").read_text())
 
 
 def render(*args, values=None, kube_version="1.33.0", ns="evi-system", check=True):
@@ -226,7 +208,7 @@ def test_match_conditions_send_only_pods_that_ask():
     (cond,) = w["matchConditions"]
     expr = cond["expression"]
     assert "object.metadata.annotations.exists(k, k.startsWith('ephemeral-volumes.io/'))" in expr
-    assert "request.namespace in ['nf', 'nf-dev']" in expr
+    assert "request.namespace in ['nf-rules', 'nf-dev']" in expr
     assert "object.metadata.labels['nextflow.io/app'] == 'nextflow'" in expr
     assert "!(object.metadata.labels['tier'] in ['x'])" in expr
     assert expr.count("(") == expr.count(")")
@@ -338,7 +320,7 @@ def test_workload_match_conditions_evaluate_as_the_api_server_would():
 
     hooks = workload_webhooks(render(values=NEXTFLOW_VALUES))
 
-    def sent(hook, obj, old=None, namespace="nf"):
+    def sent(hook, obj, old=None, namespace="nf-rules"):
         activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
                       "request": celpy.json_to_cel({"namespace": namespace,
                                                     "operation": "UPDATE" if old else "CREATE"})}
@@ -689,15 +671,16 @@ def test_match_conditions_evaluate_as_the_api_server_would():
     nextflow = {"metadata": {"labels": {"nextflow.io/app": "nextflow"}}}
     cases = [
         (asks, "anywhere", True),
-        ({"metadata": {"annotations": {"example.com/other": "x", "injector.ephemeral-volumes.io/injected": "a"}}}, "nf", False),
-        ({"metadata": {}}, "nf", False),
+        ({"metadata": {"annotations": {"example.com/other": "x", "injector.ephemeral-volumes.io/injected": "a"}}},
+         "nf-rules", False),
+        ({"metadata": {}}, "nf-rules", False),
         ({"metadata": {"annotations": {}}}, "anywhere", False),
-        (nextflow, "nf", True),
+        (nextflow, "nf-rules", True),
         (nextflow, "nf-dev", True),
         (nextflow, "default", False),
-        ({"metadata": {"labels": {"nextflow.io/app": "nextflow", "tier": "x"}}}, "nf", False),
-        ({"metadata": {"labels": {"nextflow.io/app": "nextflow", "tier": "y"}}}, "nf", True),
-        ({"metadata": {"labels": {"nextflow.io/app": "other"}}}, "nf", False),
+        ({"metadata": {"labels": {"nextflow.io/app": "nextflow", "tier": "x"}}}, "nf-rules", False),
+        ({"metadata": {"labels": {"nextflow.io/app": "nextflow", "tier": "y"}}}, "nf-rules", True),
+        ({"metadata": {"labels": {"nextflow.io/app": "other"}}}, "nf-rules", False),
     ]
     for obj, ns, want in cases:
         assert admits(program, obj, ns) is want, (obj, ns, want)
@@ -741,7 +724,8 @@ def test_the_notes_examples_work_when_copied(tmp_path):
               for block in re.split(r"\n\s*\n", notes)]
     blocks = [b for b in blocks if b]
     assert [[k for k, _ in b] for b in blocks] == [["ephemeral-volumes.io/scratch"], ["ephemeral-volumes.io/ebs-200g"],
-                                                   ["ephemeral-volumes.io/shm"]], notes
+                                                   ["ephemeral-volumes.io/shm"],
+                                                   ["ephemeral-volumes.io/vault-db"]], notes
     config = next(d for d in yaml.safe_load_all(p.stdout.split("NOTES:", 1)[0].split("MANIFEST:", 1)[1])
                   if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))
     (tmp_path / "config.yaml").write_text(config["data"]["config.yaml"])

@@ -440,6 +440,25 @@ def release_pods(cluster, release: str) -> list[dict]:
                                         f"app.kubernetes.io/instance={release}")
 
 
+NEXTFLOW_LABELS = {"nextflow.io/app": "nextflow"}
+
+
+def nextflow_job(name: str | None, namespace: str, annotations: dict | None = None,
+                 labels: dict | None = NEXTFLOW_LABELS, spec: dict | None = None, **job_spec) -> dict:
+    """A Job as Nextflow 26.10 submits it (PodSpecBuilder.buildAsJob): backoffLimit 0, the task's
+    annotations and labels on the pod template (its pods arrive with generateName and no name),
+    the labels on the Job too. Named, or `generateName: nf-` when `name` is None; `spec` replaces
+    the task's pod spec (a task that runs on the node); `job_spec` adds to the Job's spec."""
+    task = pod(namespace=namespace, annotations=annotations, labels=dict(labels) if labels else None)
+    template = {"metadata": {k: v for k, v in task["metadata"].items() if k in ("annotations", "labels")},
+                "spec": spec or task["spec"]}
+    meta: dict = {"namespace": namespace, **({"name": name} if name else {"generateName": "nf-"})}
+    if labels:
+        meta["labels"] = dict(labels)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+            "spec": {"backoffLimit": 0, **job_spec, "template": template}}
+
+
 def pod(name: str | None = None, namespace: str = "default", annotations: dict | None = None,
         labels: dict | None = None, containers: list[dict] | None = None, **spec) -> dict:
     """A pod shaped like a Nextflow task (Pod mode) unless told otherwise."""

@@ -7,39 +7,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import mounts_by_path, pod, release_fixture, volumes_by_name, wait_for
+import yaml
+from conftest import ROOT, NEXTFLOW_LABELS, mounts_by_path, nextflow_job, pod, release_fixture, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 INJECTED = f"injector.{P}/injected"
 
-VALUES = {
-    "config": {
-        "profiles": {
-            "ebs-200g": {
-                "mountPath": "/scratch",
-                "ephemeral": {"volumeClaimTemplate": {"spec": {
-                    "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
-                    "resources": {"requests": {"storage": "200Gi"}}}}},
-            },
-            "vault-db": {
-                "mountPath": "/mnt/secrets", "readOnly": True,
-                "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True,
-                        "volumeAttributes": {"secretProviderClass": "vault-db"}},
-            },
-        },
-        "rules": [
-            {"name": "nf-scratch", "namespaces": ["nf-rules"],
-             "podSelector": {"matchLabels": {"nextflow.io/app": "nextflow"}},
-             "volumes": {"scratch": {"profile": "ebs-200g"}}},
-            {"name": "gpu-shm",
-             "podSelector": {"matchExpressions": [{"key": "accelerator", "operator": "In", "values": ["a100", "h100"]}]},
-             "volumes": {"shm": "type=emptyDir,medium=Memory,size=1Gi,mountPath=/dev/shm"}},
-        ],
-        "policy": {"maxSize": {"ephemeral": "1Ti"}},
-    },
-    "webhook": {"excludeNamespaces": ["excluded"]},
-}
-
+# The Nextflow installation (the chart tests render the same file).
+VALUES = yaml.safe_load((ROOT / "tests" / "data" / "nextflow-values.yaml").read_text())
 
 release = release_fixture("evi", VALUES)
 
@@ -103,20 +78,11 @@ def test_two_volumes_and_the_record_of_both(cluster, release):
 
 # === Job mode: the real job controller and ephemeral-volume controller ===
 
-def nextflow_job(name: str, namespace: str, annotations: dict) -> dict:
-    template = pod(namespace=namespace, annotations=annotations,
-                   labels={"nextflow.io/app": "nextflow", "nextflow.io/runName": "happy_turing",
-                           "nextflow.io/taskName": "BWA_MEM_1", "nextflow.io/processName": "BWA_MEM"})
-    del template["metadata"]["generateName"]
-    del template["metadata"]["namespace"]
-    template["spec"]["containers"][0]["name"] = name
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"backoffLimit": 0, "template": {"metadata": template["metadata"], "spec": template["spec"]}}}
-
-
 def test_job_pod_is_mutated_and_its_pvc_is_created_by_the_ephemeral_volume_controller(cluster, release):
     ns = cluster.namespace("nf")
-    job = cluster.create(nextflow_job("nf-3f2a9c0e1b7d4a5f8e6c2d1b0a9f8e7d", ns, {f"{P}/scratch": "ebs-200g"}))
+    job = cluster.create(nextflow_job("nf-3f2a9c0e1b7d4a5f8e6c2d1b0a9f8e7d", ns, {f"{P}/scratch": "ebs-200g"}, labels={
+        **NEXTFLOW_LABELS, "nextflow.io/runName": "happy_turing", "nextflow.io/taskName": "BWA_MEM_1",
+        "nextflow.io/processName": "BWA_MEM"}))
     job = json.loads(job.stdout)
 
     def job_pod():

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import BINARY, CHART, HELM, RELEASE_NS, installed, pod, wait_for
+from conftest import BINARY, CHART, HELM, RELEASE_NS, installed, nextflow_job, pod, wait_for
 
 P = "ephemeral-volumes.io"
 
@@ -54,30 +54,20 @@ def test_with_the_webhook_down_only_pods_that_ask_are_refused(cluster, stopped):
         cluster.create_pod(pod(namespace=ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}))
 
 
-def job(namespace: str, annotations: dict | None = None, labels: dict | None = None) -> dict:
-    template = pod(namespace=namespace, annotations=annotations, labels=labels)
-    for k in ("generateName", "namespace"):
-        template["metadata"].pop(k, None)
-    template.pop("apiVersion")
-    template.pop("kind")
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"generateName": "nf-", "namespace": namespace},
-            "spec": {"backoffLimit": 0, "template": template}}
-
-
 def test_with_the_webhook_down_a_job_that_asks_is_refused_at_creation(cluster, stopped):
     ns = "nf-down"
-    asks = cluster.create(job(ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}), check=False)
+    asks = cluster.create(nextflow_job(None, ns, {f"{P}/scratch": "type=emptyDir,mountPath=/s"}, labels=None), check=False)
     assert asks.returncode != 0, "a Job whose pods can never be admitted must not be created"
     assert "failed calling webhook" in asks.stderr and f"workloads.{P}" in asks.stderr, asks.stderr
-    by_rule = cluster.create(job(ns, labels={"nextflow.io/app": "nextflow"}), check=False)
+    by_rule = cluster.create(nextflow_job(None, ns, labels={"nextflow.io/app": "nextflow"}), check=False)
     assert by_rule.returncode != 0 and f"workloads.{P}" in by_rule.stderr, by_rule.stderr
     # A Job that asks for nothing is never sent.
-    nothing = json.loads(cluster.create(job(ns, annotations={"other.example.com/a": "b"}, labels={"app": "x"})).stdout)
+    nothing = json.loads(cluster.create(nextflow_job(None, ns, {"other.example.com/a": "b"}, labels={"app": "x"})).stdout)
     assert nothing["kind"] == "Job"
     cluster.kubectl("delete", "job", nothing["metadata"]["name"], "-n", ns, "--wait=false")
     # Excluded namespaces: neither pods nor workloads are ever sent.
     for ns in (RELEASE_NS, "excluded"):
-        cluster.create(job(ns, annotations={f"{P}/scratch": "type=emptyDir,mountPath=/s"}), "--dry-run=server")
+        cluster.create(nextflow_job(None, ns, {f"{P}/scratch": "type=emptyDir,mountPath=/s"}, labels=None), "--dry-run=server")
 
 
 # === the chart's CEL against the webhook's matcher ===

@@ -10,7 +10,7 @@ import json
 import subprocess
 
 import pytest
-from conftest import BINARY, RELEASE_NS, Release, installed, pod, volumes_by_name, wait_for
+from conftest import BINARY, RELEASE_NS, Release, installed, nextflow_job, volumes_by_name, wait_for
 
 P = "ephemeral-volumes.io"
 NS = "nf-jobs"
@@ -33,29 +33,14 @@ OBJECTS = [
 ]
 
 
-def nextflow_job(name: str, annotations: dict, suspend: bool = False) -> dict:
-    """A Job as Nextflow 26.10 submits it (PodSpecBuilder.buildAsJob): nextflow.io labels,
-    backoffLimit 0, the task's annotations in the pod template."""
-    template = pod(namespace=NS, annotations=annotations, labels={"nextflow.io/app": "nextflow",
-                                                                  "nextflow.io/taskName": "align_1"})
-    template["metadata"].pop("generateName")
-    template["metadata"].pop("namespace")
-    template.pop("apiVersion")
-    template.pop("kind")
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": NS,
-                         "labels": {"nextflow.io/app": "nextflow", "nextflow.io/runName": "happy_turing"}},
-            "spec": {"backoffLimit": 0, "suspend": suspend, "template": template}}
-
-
 def cronjob(name: str, annotations: dict) -> dict:
-    job = nextflow_job(name, annotations)
+    job = nextflow_job(name, NS, annotations)
     return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": NS},
             "spec": {"schedule": "0 0 1 1 *", "jobTemplate": {"spec": job["spec"]}}}
 
 
 def deployment(name: str, annotations: dict) -> dict:
-    template = nextflow_job(name, annotations)["spec"]["template"]
+    template = nextflow_job(name, NS, annotations)["spec"]["template"]
     template["metadata"]["labels"]["app"] = name
     template["spec"]["restartPolicy"] = "Always"
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
@@ -84,7 +69,7 @@ def jobs(cluster, tmp_path_factory):
     with installed(cluster, "evi-jobs", values, tmp_path_factory.mktemp("jobs"),
                    "--cluster-sync-timeout-seconds", "20", service_account=True) as r:
         cluster.namespace(NS)
-        probe = nextflow_job("probe", {f"{P}/s": BAD_SIZE})
+        probe = nextflow_job("probe", NS, {f"{P}/s": BAD_SIZE})
         wait_for("the workload webhook to take effect",
                  lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
         yield r
@@ -99,7 +84,7 @@ def refused(cluster, obj: dict) -> str:
 
 
 def test_a_nextflow_job_with_a_bad_size_is_refused_at_creation_and_nothing_is_stored(cluster, jobs):
-    job = nextflow_job("nf-bad-size", {f"{P}/scratch": BAD_SIZE})
+    job = nextflow_job("nf-bad-size", NS, {f"{P}/scratch": BAD_SIZE})
     err = refused(cluster, job)
     message = preview_denial(jobs, job)
     assert "annotation ephemeral-volumes.io/scratch" in message and "10Gii" in message, message
@@ -118,7 +103,7 @@ def test_four_mistakes_in_one_annotation_are_all_in_the_first_refusal(cluster, j
     its field (a relative path), a value in the wrong case (the medium meant named), and a
     container the pod does not have."""
     value = "type=emptyDir,sizee=10Gi,mountpath=scratch,medium=memory,containers=mian"
-    job = nextflow_job("nf-four-mistakes", {f"{P}/scratch": value})
+    job = nextflow_job("nf-four-mistakes", NS, {f"{P}/scratch": value})
     err = refused(cluster, job)
     assert f'admission webhook "workloads.{P}" denied the request: annotation {P}/scratch: ' in err, err
     for mistake in ['unknown field "sizee": did you mean size?',
@@ -151,7 +136,7 @@ def test_a_custom_workload_listed_in_the_chart_is_refused_at_creation_as_a_deplo
 
 
 def test_a_good_job_is_stored_as_submitted_and_its_pod_gets_the_volume(cluster, jobs):
-    job = nextflow_job("nf-good", {f"{P}/scratch": GOOD})
+    job = nextflow_job("nf-good", NS, {f"{P}/scratch": GOOD})
     stored = json.loads(cluster.create(job).stdout)
     template = stored["spec"]["template"]
     # As submitted: the workload webhook never patches (the pod webhook writes the volume).
@@ -196,7 +181,7 @@ def test_cronjobs_and_deployments_are_refused_and_an_update_is_judged_on_its_tem
 
 
 def test_a_job_asking_for_a_missing_storage_class_is_refused_at_creation(cluster, jobs):
-    job = nextflow_job("nf-no-class", {f"{P}/scratch": "type=ephemeral,storageClass=nope,size=1Gi,mountPath=/s"})
+    job = nextflow_job("nf-no-class", NS, {f"{P}/scratch": "type=ephemeral,storageClass=nope,size=1Gi,mountPath=/s"})
     err = refused(cluster, job)
     assert 'StorageClass "nope" does not exist' in err, err
     assert "The request is invalid" in err, err  # kubectl's words for 422 (Invalid), as for the pod
@@ -206,12 +191,12 @@ def test_a_job_asking_for_a_missing_storage_class_is_refused_at_creation(cluster
 def test_a_refusal_only_the_pod_can_show_reaches_the_jobs_failed_create_event(cluster, jobs):
     """A suspended Job admitted while its StorageClass exists; the class is deleted; on resume
     the pod is refused, and the job controller's FailedCreate event carries our message."""
-    job = nextflow_job("nf-resume", {f"{P}/scratch": "disk"}, suspend=True)
+    job = nextflow_job("nf-resume", NS, {f"{P}/scratch": "disk"}, suspend=True)
     cluster.create(job)
     before = jobs.webhook.metric("evi_pod_denials_by_owner_total", owner_kind="Job", reason="cluster")
     cluster.kubectl("delete", "storageclass", CLASS, "--wait=true")
     try:
-        probe = nextflow_job("probe-class", {f"{P}/scratch": "disk"})
+        probe = nextflow_job("probe-class", NS, {f"{P}/scratch": "disk"})
         wait_for("the webhook to see the class deleted",
                  lambda: cluster.create(probe, "--dry-run=server", check=False).returncode != 0)
         cluster.kubectl("patch", "job", "nf-resume", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":false}}')
@@ -239,7 +224,7 @@ def test_a_refusal_only_the_pod_can_show_reaches_the_jobs_failed_create_event(cl
 
 
 def test_excluded_namespaces_never_send_workloads(cluster, jobs):
-    job = nextflow_job("nf-excluded", {f"{P}/scratch": BAD_SIZE})
+    job = nextflow_job("nf-excluded", NS, {f"{P}/scratch": BAD_SIZE})
     job["metadata"]["namespace"] = RELEASE_NS
     job["spec"]["template"]["spec"]["containers"][0]["name"] = "main"
     cluster.create(job, "--dry-run=server")

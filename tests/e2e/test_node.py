@@ -25,8 +25,8 @@ from pathlib import Path
 import certs
 import pytest
 import yaml
-from conftest import (BINARY, CHART, HELM, OCI, RELEASE_NS, ROOT, SteadyCreator, install_release, pods_of, release_pods,
-                      served_certificate, wait_for)
+from conftest import (BINARY, CHART, HELM, OCI, RELEASE_NS, ROOT, SteadyCreator, install_release, nextflow_job, pods_of,
+                      release_pods, served_certificate, wait_for)
 from controlplane import free_port, start_process, stop_process
 from node import BUSYBOX_IMAGE, CSI_DRIVER, STORAGE_CLASS, TAINT
 from prometheus import Prometheus
@@ -264,25 +264,21 @@ check sub "$(cat /sub/marker 2>/dev/null || echo absent)"
 """
 
 
-def nextflow_job(name: str, annotations: dict, script: str, init: list[dict] | None = None) -> dict:
-    """A Job as Nextflow 26.10 submits it: backoffLimit 0, the task's annotations in the pod
-    template, a .command.run-style script run as the task's user."""
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": NS, "labels": {"nextflow.io/app": "nextflow"}},
-            "spec": {"backoffLimit": 0, "template": {
-                "metadata": {"labels": {"nextflow.io/app": "nextflow"}, "annotations": annotations},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
-                    "tolerations": [TAINT],
-                    "initContainers": init or [],
-                    "containers": [{
-                        "name": name, "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", script],
-                        "terminationMessagePolicy": "File",
-                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi", "ephemeral-storage": "64Mi"},
-                                      "limits": {"memory": "128Mi", "ephemeral-storage": "256Mi"}},
-                    }]}}}}
+def task_job(name: str, annotations: dict, script: str, init: list[dict] | None = None) -> dict:
+    """A Nextflow Job (conftest.nextflow_job) whose task runs on the node: a .command.run-style
+    script run as the task's user."""
+    return nextflow_job(name, NS, annotations, spec={
+        "restartPolicy": "Never",
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+        "tolerations": [TAINT],
+        "initContainers": init or [],
+        "containers": [{
+            "name": name, "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", script],
+            "terminationMessagePolicy": "File",
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi", "ephemeral-storage": "64Mi"},
+                          "limits": {"memory": "128Mi", "ephemeral-storage": "256Mi"}},
+        }]})
 
 
 def finished_pod(cluster, job: str, timeout: float = 120) -> dict:
@@ -318,7 +314,7 @@ def test_a_nextflow_task_runs_with_its_volumes_seen_from_inside(cluster, chart):
          "command": ["/bin/sh", "-c", "echo \"sees=$(grep -c ' /scratch ' /proc/mounts)\" > /dev/termination-log;"
                      " exec sleep 3600"]},
     ]
-    job = nextflow_job("nf-task-volumes", annotations,
+    job = task_job("nf-task-volumes", annotations,
                        TASK_SCRIPT + 'check staged "$(cat /scratch/staged)"\n', init=init)
     cluster.create(job)
     pod = finished_pod(cluster, "nf-task-volumes")
@@ -362,7 +358,7 @@ def test_the_fusion_recipe_puts_the_tasks_tmp_on_a_volume_sized_from_its_disk(cl
     """docs/nextflow.md's Fusion recipe: Fusion keeps its cache in the task's /tmp; the
     annotation mounts a disk emptyDir there, sized from the task's ephemeral-storage request
     (Nextflow's disk directive), and the task (as its own user) fills it."""
-    job = nextflow_job("nf-fusion", {f"{P}/fusion-cache": "type=emptyDir,mountPath=/tmp,size=request"},
+    job = task_job("nf-fusion", {f"{P}/fusion-cache": "type=emptyDir,mountPath=/tmp,size=request"},
                        FUSION_SCRIPT)
     cluster.create(job)
     pod = finished_pod(cluster, "nf-fusion")
@@ -394,7 +390,7 @@ def test_a_task_gets_a_provisioned_volume_and_an_inline_csi_volume_from_a_real_d
         f"{P}/work": f"type=ephemeral,storageClass={STORAGE_CLASS},size=1Gi,mountPath=/work,env=TMPDIR",
         f"{P}/ref": f"type=csi,driver={CSI_DRIVER},attr.dataset=hg38,attr.release=110,mountPath=/ref,readOnly=true",
     }
-    cluster.create(nextflow_job("nf-task-csi", annotations, CSI_SCRIPT))
+    cluster.create(task_job("nf-task-csi", annotations, CSI_SCRIPT))
     pod = finished_pod(cluster, "nf-task-csi", timeout=180)
     name = pod["metadata"]["name"]
     report = termination_report(pod, "nf-task-csi")
@@ -430,7 +426,7 @@ def test_a_task_gets_a_provisioned_volume_and_an_inline_csi_volume_from_a_real_d
 def test_a_task_past_its_disk_limit_is_evicted_with_a_message_the_user_can_read(cluster, chart):
     annotations = {f"{P}/scratch": "type=emptyDir,mountPath=/scratch,size=8Mi"}
     script = "dd if=/dev/zero of=/scratch/big bs=1048576 count=32 2>/dev/null; sleep 600"
-    cluster.create(nextflow_job("nf-task-too-big", annotations, script))
+    cluster.create(task_job("nf-task-too-big", annotations, script))
     pod = finished_pod(cluster, "nf-task-too-big", timeout=180)
     assert pod["status"]["phase"] == "Failed"
     assert pod["status"].get("reason") == "Evicted", pod["status"]
@@ -868,7 +864,7 @@ def test_a_real_prometheus_fires_and_resolves_the_charts_alerts(cluster, chart, 
 
         # A pipeline launching tasks with a broken annotation: every Job refused at creation.
         for i in range(15):
-            bad = nextflow_job(f"bad-task-{i}", {f"{P}/scratch": "type=emptyDir,mountPath=scratch,size=1Gi"}, "true")
+            bad = task_job(f"bad-task-{i}", {f"{P}/scratch": "type=emptyDir,mountPath=scratch,size=1Gi"}, "true")
             refused = cluster.create(bad, check=False)
             assert refused.returncode != 0 and f"workloads.{P}" in refused.stderr, refused.stderr
         wait_for("the workload refusal alert", lambda: prom.firing("EphemeralVolumeInjectorWorkloadRefusals"),

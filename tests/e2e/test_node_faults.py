@@ -23,7 +23,7 @@ from pathlib import Path
 
 import certs
 import pytest
-from conftest import RELEASE_NS, ROOT, SteadyCreator, install_release, pod, release_pods, wait_for
+from conftest import RELEASE_NS, ROOT, SteadyCreator, install_release, nextflow_job, pod, release_pods, wait_for
 from controlplane import free_port, start_process, stop_process
 
 NS = "nf-faults"
@@ -295,15 +295,6 @@ def timed(fn) -> tuple[float, subprocess.CompletedProcess]:
     return time.monotonic() - start, out
 
 
-def job(rel: Release, annotations: dict) -> dict:
-    template = pod(annotations=annotations)
-    for k in ("apiVersion", "kind"):
-        template.pop(k)
-    template["metadata"] = {"annotations": annotations}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"generateName": "nf-", "namespace": NS},
-            "spec": {"backoffLimit": 0, "template": template}}
-
-
 def test_a_webhook_slower_than_its_timeout_under_fail_and_ignore(cluster, faults, tmp_path):
     """The API server's calls to both replicas delayed 6 s (timeoutSeconds 2): a pod and a
     Job that ask are refused after the timeout under Fail, and admitted *without their volume*
@@ -330,7 +321,7 @@ def test_a_webhook_slower_than_its_timeout_under_fail_and_ignore(cluster, faults
     def case(label: str, past_timeout: bool) -> dict:
         nonlocal reset
         out = {}
-        for name, obj in (("pod that asks", rel.asking_pod()), ("Job that asks", job(rel, asks)),
+        for name, obj in (("pod that asks", rel.asking_pod()), ("Job that asks", nextflow_job(None, NS, asks, labels=None)),
                           ("pod that asks nothing", nothing)):
             # The injection resets the connections the API server made before it (it dials a
             # new one, through the proxy, for the next request; a write to one that was reset
@@ -610,16 +601,13 @@ def test_a_tenants_flood_of_the_worst_pods_is_refused_and_nobody_else_notices(
     for 30 s) while another namespace creates Nextflow-shaped Jobs and their pods at a steady
     rate: every flood pod is refused with its documented 4xx, none of the other namespace's is,
     and neither replica restarts or reports unready (its /readyz sampled throughout)."""
-    from test_job_mode import nextflow_job
-
     rel = install(cluster, published, tmp_path, "evi-flood", {})
     cluster.namespace(TENANT_NS)
     try:
         worst = worst_pods(rel)
         replicas = {p["metadata"]["name"]: p["status"]["podIP"] for p in rel.pods()}
         assert len(replicas) == 2, replicas
-        job = nextflow_job("nf-steady", {f"{rel.prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"})
-        job["metadata"]["namespace"] = NS
+        job = nextflow_job("nf-steady", NS, {f"{rel.prefix}/scratch": "type=emptyDir,mountPath=/scratch,size=16Mi"})
         stop = threading.Event()
         flood: dict[str, list[str]] = {name: [] for name, *_ in worst}
         unready: list[tuple[str, int]] = []
