@@ -23,7 +23,7 @@ mod write;
 use std::borrow::Cow;
 
 use crate::{
-    cluster::{ClusterState, Finding, KnownCluster, Mode as ClusterMode},
+    cluster::{Finding, KnownCluster, Mode as ClusterMode},
     config::{Config, OnError},
     decision::{Decision, Denial, DenyReason},
     echo,
@@ -34,7 +34,7 @@ use self::{
     blame::{Blame, Sources},
     plan::Plan,
     request::{Request, Scope},
-    resolve::Resolved,
+    resolve::{Resolutions, Resolved},
 };
 
 /// Where the pod is: the namespace its rules are matched in, and where it sits in the object
@@ -87,7 +87,8 @@ pub fn decide_audited(
     let read = request::annotations(cfg, pod);
     if !cfg.audits() {
         let requests = read.and_then(|r| r.all(cfg, pod, at.namespace));
-        let decision = decide_for_scope(cfg, cluster, pod, at, requests, &mut Blame::default());
+        let decision =
+            decide_for_scope(cfg, cluster, pod, at, requests, None, &mut Blame::default());
         return (decision, None);
     }
     let (all, enforced) = match &read {
@@ -97,9 +98,19 @@ pub fn decide_audited(
         ),
         Err(d) => (Err(d.clone()), Err(d.clone())),
     };
+    // What both scopes ask for is resolved once, for the first; the second plans it again.
+    let mut kept = Resolutions::default();
     let mut blame = Blame::default();
-    let full = decide_for_scope(cfg, cluster, pod, at, all, &mut blame);
-    let mut enforced = decide_for_scope(cfg, cluster, pod, at, enforced, &mut Blame::default());
+    let full = decide_for_scope(cfg, cluster, pod, at, all, Some(&mut kept), &mut blame);
+    let mut enforced = decide_for_scope(
+        cfg,
+        cluster,
+        pod,
+        at,
+        enforced,
+        Some(&mut kept),
+        &mut Blame::default(),
+    );
     if full == enforced {
         return (enforced, None);
     }
@@ -139,23 +150,16 @@ pub fn decide_audited(
     (enforced, Some(audit))
 }
 
-fn decide_for_scope(
-    cfg: &Config,
+fn decide_for_scope<'a>(
+    cfg: &'a Config,
     cluster: Option<KnownCluster<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
-    requests: Result<(Vec<Request<'_>>, Vec<Denial>), Denial>,
+    requests: Result<(Vec<Request<'a>>, Vec<Denial>), Denial>,
+    kept: Option<&mut Resolutions<'a>>,
     blame: &mut Blame,
 ) -> Decision {
-    // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
-    // objects not yet seen: warn until they are complete.
-    let checks = match (cfg.cluster_checks, cluster) {
-        (ClusterMode::Off, _) | (_, None) => None,
-        (ClusterMode::Enforce, Some(k)) if !k.complete => Some((k.state, ClusterMode::Warn)),
-        (mode, Some(k)) => Some((k.state, mode)),
-    };
-    let namespaces = cluster.map(|k| &k.state.namespaces);
-    match requests.and_then(|r| decide_requests(cfg, checks, namespaces, pod, at, r, blame)) {
+    match requests.and_then(|r| decide_requests(cfg, cluster, pod, at, r, kept, blame)) {
         Ok(mut decision) => {
             decision.add_warnings(near_miss::near_misses(cfg, pod));
             decision.bound_warnings(bounds::MAX_WARNINGS);
@@ -170,17 +174,23 @@ fn decide_for_scope(
     }
 }
 
-fn decide_requests(
-    cfg: &Config,
-    checks: Option<(&ClusterState, ClusterMode)>,
-    namespaces: Option<
-        &std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
-    >,
+fn decide_requests<'a>(
+    cfg: &'a Config,
+    cluster: Option<KnownCluster<'_>>,
     pod: &PodView,
     at: PodLocation<'_>,
-    (requests, mut errors): (Vec<Request<'_>>, Vec<Denial>),
+    (requests, mut errors): (Vec<Request<'a>>, Vec<Denial>),
+    kept: Option<&mut Resolutions<'a>>,
     blame: &mut Blame,
 ) -> Result<Decision, Denial> {
+    // Off, or nothing known: no checks. Enforcing on incomplete lists would refuse pods for
+    // objects not yet seen: warn until they are complete.
+    let checks = match (cfg.cluster_checks, cluster) {
+        (ClusterMode::Off, _) | (_, None) => None,
+        (ClusterMode::Enforce, Some(k)) if !k.complete => Some((k.state, ClusterMode::Warn)),
+        (mode, Some(k)) => Some((k.state, mode)),
+    };
+    let namespaces = cluster.map(|k| &k.state.namespaces);
     // Which audited source each request has, credited with what this decision does.
     let credited = cfg.audits();
     let sources = Sources::of(cfg, credited, &requests);
@@ -224,9 +234,16 @@ fn decide_requests(
     // Every problem at once: the requests that could be read are resolved, and those that
     // resolved are set against the pod, whatever the others' errors.
     let cluster = checks.map(|c| c.0);
-    let volumes = resolve::all(cfg, policy, cluster, pod, requests, &mut errors, |i| {
-        sources.at(i, blame);
-    });
+    let mut volumes = Vec::with_capacity(requests.len());
+    for (i, resolved) in resolve::all(cfg, policy, cluster, pod, requests, kept).enumerate() {
+        match resolved {
+            Ok(v) => volumes.push(v),
+            Err(d) => {
+                errors.push(d);
+                sources.at(i, blame);
+            }
+        }
+    }
     let per_op = bounds::per_operation(at.pointer);
     let (containers, init_containers) = (pod.containers().len(), pod.init_containers().len());
     let costs = volumes
@@ -376,6 +393,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::cluster::ClusterState;
 
     /// Decides for a pod given as JSON and returns the decision and the pod as patched.
     fn run(cfg: &Config, cluster: Option<&ClusterState>, pod: &Value) -> (Decision, Value) {
@@ -396,6 +414,72 @@ mod tests {
             json_patch::patch(&mut patched, &ops).unwrap();
         }
         (decision, patched)
+    }
+
+    #[test]
+    fn an_audited_pods_second_decision_takes_what_the_first_resolved() {
+        // An audited profile and an enforced inline volume: the enforced scope asks for the
+        // inline one only, which the first decision (every request) resolved already.
+        let cfg = Config::parse(
+            "profiles:\n  big:\n    mode: audit\n    mountPath: /big\n    emptyDir: {sizeLimit: 1Gi}\n",
+        )
+        .unwrap();
+        let text = json!({"metadata": {"annotations": {
+            "ephemeral-volumes.io/big": "big",
+            "ephemeral-volumes.io/s": "type=emptyDir,mountPath=/s,size=1Gi"}},
+            "spec": {"containers": [{"name": "c"}]}})
+        .to_string();
+        let pod: PodView = serde_json::from_str(&text).unwrap();
+        let at = PodLocation {
+            namespace: "nf",
+            pointer: "",
+        };
+        let read = request::annotations(&cfg, &pod).unwrap();
+        let scope = |s| read.in_scope(&cfg, &pod, "nf", s);
+        let mut kept = Resolutions::default();
+        let full = decide_for_scope(
+            &cfg,
+            None,
+            &pod,
+            at,
+            scope(Scope::All),
+            Some(&mut kept),
+            &mut Blame::default(),
+        );
+        assert_eq!(full.injected().len(), 2, "{full:?}");
+        // What the first resolved stands for the second: a resolution changed in between is
+        // what the second decision injects.
+        for v in kept.0.values_mut().flatten() {
+            v.mount_path = Cow::Borrowed("/kept");
+        }
+        let enforced = decide_for_scope(
+            &cfg,
+            None,
+            &pod,
+            at,
+            scope(Scope::Enforced),
+            Some(&mut kept),
+            &mut Blame::default(),
+        );
+        let Decision::Mutated {
+            patch, injected, ..
+        } = &enforced
+        else {
+            panic!("{enforced:?}")
+        };
+        assert_eq!(
+            injected.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["s"]
+        );
+        let patch = String::from_utf8_lossy(patch.as_bytes());
+        assert!(patch.contains("\"/kept\""), "{patch}");
+        // And the decision as a whole is the one without kept resolutions.
+        let (decision, audit) = decide_audited(&cfg, None, &pod, at);
+        assert!(
+            matches!(&decision, Decision::Mutated { patch, .. } if String::from_utf8_lossy(patch.as_bytes()).contains("\"/s\"")),
+            "{decision:?}"
+        );
+        assert!(audit.is_some_and(|a| a.sources == ["profile/big"]));
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub(super) const MODE_AUDIT: &str = "mode/audit";
 
 /// Where a request came from, for messages and for policy (borrowed from the pod or the
 /// configuration, which outlive the decision).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Origin<'a> {
     /// An annotation, by key: held to the policy.
     Annotation(&'a str),

@@ -2,7 +2,7 @@
 //! size (given, taken from the pod, or the policy's default), the policy limits, the containers
 //! it goes to, and what the cluster checks say of it.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use crate::volume::Json;
 
@@ -21,6 +21,7 @@ use crate::{
 };
 
 /// A volume to add to the pod, with everything the plan needs.
+#[derive(Clone)]
 pub(super) struct Resolved<'a> {
     pub name: &'a str,
     pub origin: Origin<'a>,
@@ -69,26 +70,36 @@ impl Resolved<'_> {
 
 /// Every request resolved, and every error beside; `failed` is told the position of each
 /// request that failed.
-pub(super) fn all<'a>(
+/// What the requests of an audited pod resolved to, kept for its second decision: a request
+/// both scopes ask for (the same name from the same annotation or rule) is resolved once. A
+/// resolution depends on the request, the policy, the cluster and the pod, which both scopes
+/// share.
+#[derive(Default)]
+pub(super) struct Resolutions<'a>(
+    pub(super) BTreeMap<(&'a str, Origin<'a>), Result<Resolved<'a>, Denial>>,
+);
+
+/// Each request resolved (taken from `kept` when it already was), in order.
+pub(super) fn all<'a, 'r>(
     cfg: &'a Config,
-    policy: &Policy,
-    cluster: Option<&ClusterState>,
-    pod: &PodView,
+    policy: &'r Policy,
+    cluster: Option<&'r ClusterState>,
+    pod: &'r PodView,
     requests: Vec<Request<'a>>,
-    errors: &mut Vec<Denial>,
-    mut failed: impl FnMut(usize),
-) -> Vec<Resolved<'a>> {
-    let mut volumes = Vec::with_capacity(requests.len());
-    for (i, request) in requests.into_iter().enumerate() {
-        match resolve(cfg, policy, cluster, pod, request) {
-            Ok(v) => volumes.push(v),
-            Err(d) => {
-                errors.push(d);
-                failed(i);
-            }
-        }
-    }
-    volumes
+    mut kept: Option<&'r mut Resolutions<'a>>,
+) -> impl Iterator<Item = Result<Resolved<'a>, Denial>> + 'r
+where
+    'a: 'r,
+{
+    requests
+        .into_iter()
+        .map(move |request| match kept.as_deref_mut() {
+            None => resolve(cfg, policy, cluster, pod, request),
+            Some(Resolutions(kept)) => kept
+                .entry((request.name, request.origin))
+                .or_insert_with(|| resolve(cfg, policy, cluster, pod, request))
+                .clone(),
+        })
 }
 
 fn resolve<'a>(
