@@ -427,12 +427,52 @@ pub fn same_path(a: &str, b: &str) -> bool {
 }
 
 fn path_parts(p: &str) -> impl Iterator<Item = &str> {
-    p.split('/').filter(|part| !part.is_empty() && *part != ".")
+    split_byte(p, b'/').filter(|part| !part.is_empty() && *part != ".")
 }
 
 /// Whether a `..` path element occurs (a plain byte scan first: most paths have no `..`).
 fn has_dot_dot(p: &str) -> bool {
-    p.as_bytes().windows(2).any(|w| w == b"..") && p.split('/').any(|part| part == "..")
+    p.as_bytes().windows(2).any(|w| w == b"..") && split_byte(p, b'/').any(|part| part == "..")
+}
+
+/// `s.trim()`, without its search for Unicode whitespace when both ends are visible ASCII
+/// (every annotation written in practice): `str::trim` decodes each end's character and looks
+/// it up, ~50 instructions a call, and an annotation's parse trims each key and value twice.
+pub fn trim(s: &str) -> &str {
+    match s.as_bytes() {
+        [first, .., last] if first.is_ascii_graphic() && last.is_ascii_graphic() => s,
+        [only] if only.is_ascii_graphic() => s,
+        _ => s.trim(),
+    }
+}
+
+/// `s.split(sep)` for an ASCII separator, found by a plain byte loop: the values split here
+/// (annotations, paths, names) are short, where `str::split`'s `memchr` search costs more to
+/// set up than it saves (~300 instructions a call, measured with `benches/instructions.py`).
+pub fn split_byte(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+    debug_assert!(sep.is_ascii());
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        Some(match split_once_byte(r, sep) {
+            Some((part, tail)) => {
+                rest = Some(tail);
+                part
+            }
+            None => {
+                rest = None;
+                r
+            }
+        })
+    })
+}
+
+/// `s.split_once(sep)` for an ASCII separator (see [`split_byte`]).
+pub fn split_once_byte(s: &str, sep: u8) -> Option<(&str, &str)> {
+    debug_assert!(sep.is_ascii());
+    // An ASCII byte is never inside a multi-byte character: both sides are whole characters.
+    let i = s.bytes().position(|b| b == sep)?;
+    Some((s.get(..i)?, s.get(i + 1..)?))
 }
 
 /// A relative path without `..`.
@@ -466,8 +506,9 @@ pub fn dns_label(what: &str, s: &str) -> Result<(), Invalid> {
 
 /// A DNS-1123 subdomain (CSI driver, storage class and profile names).
 pub fn dns_subdomain(what: &str, s: &str) -> Result<(), Invalid> {
-    let ok =
-        !s.is_empty() && s.len() <= 253 && s.split('.').all(|part| dns_label(what, part).is_ok());
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && split_byte(s, b'.').all(|part| dns_label(what, part).is_ok());
     if ok {
         Ok(())
     } else {
@@ -578,6 +619,59 @@ mod tests {
             parse_json_strict(&text),
             Err(Invalid("field a[1].b is given twice".into()))
         );
+    }
+
+    #[test]
+    fn trim_is_strs_trim() {
+        // Every character at either end, alone or around text: ASCII (control, space,
+        // visible) and the Unicode whitespace `str::trim` removes (NEL, NBSP, the ideographic
+        // space, …) next to other non-ASCII characters.
+        let mut ends: Vec<char> = (0u8..=0x7f).map(char::from).collect();
+        ends.extend([
+            '\u{85}', '\u{a0}', '\u{1680}', '\u{2000}', '\u{200a}', '\u{2028}',
+        ]);
+        ends.extend(['\u{202f}', '\u{3000}', '\u{200b}', '\u{feff}', 'é', '日']);
+        for a in &ends {
+            for b in &ends {
+                for mid in ["", "x", "a b", " \u{3000}"] {
+                    let s = format!("{a}{mid}{b}");
+                    assert_eq!(trim(&s), s.trim(), "{s:?}");
+                }
+            }
+            let s = a.to_string();
+            assert_eq!(trim(&s), s.trim(), "{s:?}");
+        }
+        assert_eq!(trim(""), "");
+    }
+
+    #[test]
+    fn byte_splits_are_strs_splits() {
+        let cases = [
+            "",
+            ",",
+            ",,",
+            "a",
+            "a,b",
+            ",a,",
+            "type=emptyDir,size=1Gi",
+            "é,ü=ß,,€",
+            "a=b=c",
+            "/scratch//a/./",
+            "=",
+            "ÿ,",
+            "日本,語=",
+        ];
+        for s in cases {
+            for sep in [b',', b'=', b'/'] {
+                let c = char::from(sep);
+                assert_eq!(
+                    split_byte(s, sep).collect::<Vec<_>>(),
+                    s.split(c).collect::<Vec<_>>(),
+                    "{s:?} split at {c:?}"
+                );
+                assert_eq!(split_once_byte(s, sep), s.split_once(c), "{s:?} at {c:?}");
+            }
+        }
     }
 
     #[test]

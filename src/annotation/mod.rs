@@ -17,7 +17,10 @@ use serde_json::{Value, value::RawValue};
 
 use crate::{
     echo::quoted,
-    validate::{self, Invalid, Problems, bad, from_text_strict, parse_size},
+    validate::{
+        self, Invalid, Problems, bad, from_text_strict, parse_size, split_byte, split_once_byte,
+        trim,
+    },
     volume::{InitTargets, Mount, Requested, Source, VolumeKind, VolumeRequest, Written},
 };
 
@@ -39,7 +42,7 @@ impl VolumeRequest {
     /// an unspecified state, to be dropped: so it is the crate's own, and everyone else parses
     /// (`str::parse`, which drops it).
     pub(crate) fn read(&mut self, value: &str) -> Result<(), Invalid> {
-        let trimmed = value.trim();
+        let trimmed = trim(value);
         if trimmed.is_empty() {
             return bad(
                 "the value is empty; give a profile name, key=value pairs or a JSON object",
@@ -93,13 +96,13 @@ impl VolumeRequest {
         }
         let mut raw = WrittenFields::default();
         let mut problems = Problems::default();
-        for pair in trimmed.split(',') {
-            let pair = pair.trim();
+        for pair in split_byte(trimmed, b',') {
+            let pair = trim(pair);
             if pair.is_empty() {
                 continue;
             }
-            match pair.split_once('=') {
-                Some((key, val)) => raw.read_field(key.trim(), FieldValue::Text(val.trim()), &mut problems),
+            match split_once_byte(pair, b'=') {
+                Some((key, val)) => raw.read_field(trim(key), FieldValue::Text(trim(val)), &mut problems),
                 None => problems.push(match colon_pairs(pair) {
                     Some(fixed) => format!(
                         "{} is not a key=value pair: did you mean {}?",
@@ -263,7 +266,7 @@ impl<'a> FieldValue<'a> {
                 Read::List(items) => {
                     let mut names = Vec::with_capacity(items.len());
                     for item in items {
-                        let name = item.trim();
+                        let name = trim(item);
                         if name.is_empty() {
                             return bad(format!(
                                 "{field} must list non-empty strings, found {}",
@@ -315,7 +318,7 @@ pub const MAX_LIST_NAMES: usize = 1024;
 
 /// `a;b;c`, counted first against [`MAX_LIST_NAMES`].
 fn split_list(field: &str, s: &str) -> Result<Vec<String>, Invalid> {
-    let names = || s.split(';').map(str::trim).filter(|s| !s.is_empty());
+    let names = || split_byte(s, b';').map(trim).filter(|s| !s.is_empty());
     let count = names().count();
     if count > MAX_LIST_NAMES {
         return too_long(field, count);
@@ -330,7 +333,7 @@ fn too_long<T>(field: &str, count: usize) -> Result<T, Invalid> {
 }
 
 fn non_empty<'a>(field: &str, s: &'a str) -> Result<&'a str, Invalid> {
-    let s = s.trim();
+    let s = trim(s);
     if s.is_empty() {
         bad(format!("{field} is empty"))
     } else {

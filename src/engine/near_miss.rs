@@ -2,7 +2,7 @@
 //! the webhook would otherwise pass such a pod through in silence.
 
 use super::bounds;
-use crate::{config::Config, pod::PodView};
+use crate::{config::Config, pod::PodView, validate};
 
 /// Keys that look meant for the webhook but that it does not read, as hints: an annotation
 /// whose prefix is a near miss of the configured one (`ephemeral-volume.io/scratch`), and a
@@ -94,7 +94,7 @@ impl<'c, 'k> Hints<'c, 'k> {
     /// One annotation; `Break` once no more prefixes may be measured.
     fn annotation(&mut self, key: &'k str, value: &str) -> std::ops::ControlFlow<()> {
         let prefix = self.prefix;
-        let Some((other, name)) = key.split_once('/') else {
+        let Some((other, name)) = validate::split_once_byte(key, b'/') else {
             // The prefix alone, or the prefix with another separator (`<prefix>.scratch`).
             if let Some(rest) = key.strip_prefix(prefix) {
                 match rest.trim_start_matches(['.', '_', '-', ':']) {
