@@ -17,6 +17,7 @@ pub mod engine;
 pub mod install_check;
 pub mod patch;
 pub mod pod;
+pub mod policies;
 pub mod quantity;
 pub mod review;
 pub mod selector;

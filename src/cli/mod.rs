@@ -59,11 +59,33 @@ pub enum Command {
     /// a dry-run Job asking for an impossible one is refused (the chart's install hook and
     /// `helm test`); a failure names its cause.
     CheckInstall(crate::install_check::CheckInstallArgs),
+    /// Compile the configuration into admission policies the API server runs itself
+    /// (MutatingAdmissionPolicy and ValidatingAdmissionPolicy with their bindings, Kubernetes
+    /// 1.36+), printed as YAML for `kubectl apply -f -`. What they cannot do that the webhook
+    /// does is said on stderr and in a comment; a configuration they would serve otherwise is
+    /// refused (exit 2), naming the key. docs/policies.md: when to pick which.
+    Policies(PoliciesArgs),
     /// Print the pod controllers the workload webhook checks, as JSON (group, version, kind,
     /// resource, where the pod template is): what the chart's tests check its webhook rules
     /// and CEL paths against.
     #[command(hide = true)]
     PrintWorkloads,
+}
+
+/// `policies`' arguments.
+#[derive(Debug, clap::Args)]
+pub struct PoliciesArgs {
+    /// The configuration, a Helm values file or a ConfigMap manifest (as `check-config`
+    /// reads); built-in defaults without it.
+    #[arg(long, env = "EVI_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The name of the policies and their bindings.
+    #[arg(long, default_value = "ephemeral-volume-injector")]
+    pub name: String,
+    /// A namespace the policies leave alone (repeatable), as the chart's
+    /// `webhook.excludeNamespaces`.
+    #[arg(long = "exclude-namespace", value_name = "NAMESPACE", default_values_t = [String::from("kube-system")])]
+    pub exclude: Vec<String>,
 }
 
 /// `mutate`'s arguments.
@@ -124,6 +146,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Mutate(args) => mutate(&args),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckInstall(args) => crate::install_check::run(&args),
+        Command::Policies(args) => policies(&args),
         Command::PrintWorkloads => {
             println!("{:#}", crate::workload::table_json());
             ExitCode::SUCCESS
@@ -167,6 +190,49 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         }
         Ok((Err(e @ ConfigError::Read { .. }), _)) | Err(e @ ConfigError::Read { .. }) => {
             eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn policies(args: &PoliciesArgs) -> ExitCode {
+    let cfg = match &args.config {
+        Some(path) => match crate::config_file::load(path) {
+            Ok((cfg, _)) => cfg,
+            Err(e) => {
+                eprintln!("error: configuration {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::default(),
+    };
+    match crate::policies::compile(&cfg, &args.name, &args.exclude) {
+        Ok(compiled) => {
+            let mut out = String::from(
+                "# Admission policies compiled by ephemeral-volume-injector (Kubernetes 1.36+).\n\
+                 # What they do not do that the webhook does:\n",
+            );
+            for note in &compiled.notes {
+                eprintln!("note: {note}");
+                out.push_str(&format!("#   - {note}\n"));
+            }
+            for doc in &compiled.documents {
+                match yaml_serde::to_string(doc) {
+                    Ok(text) => out.push_str(&format!("---\n{text}")),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(refused) => {
+            eprintln!("error: the admission policies would serve this configuration otherwise:");
+            for r in refused {
+                eprintln!("  - {r}");
+            }
             ExitCode::from(2)
         }
     }
