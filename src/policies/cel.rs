@@ -76,6 +76,29 @@ pub fn typed(path: &str, value: &Value) -> String {
     }
 }
 
+/// The checks that the object at `at` (a CEL expression) has every field of `value` with its
+/// value (lists of scalars and maps of strings compared whole; a list of objects is not
+/// compared): how a volume of the pod's own is told from the one a profile would add.
+pub fn same_as(at: &str, value: &Value, checks: &mut Vec<String>) {
+    let Value::Object(fields) = value else {
+        return;
+    };
+    for (k, v) in fields {
+        let here = format!("{at}.{k}");
+        match v {
+            Value::Object(_) if MAPS.contains(&k.as_str()) => {
+                checks.push(format!("has({here}) && {here} == {}", map(v)));
+            }
+            Value::Object(_) => {
+                checks.push(format!("has({here})"));
+                same_as(&here, v, checks);
+            }
+            Value::Array(items) if items.iter().any(Value::is_object) => {}
+            other => checks.push(format!("has({here}) && {here} == {}", typed("", other))),
+        }
+    }
+}
+
 /// A map of strings as a CEL map literal.
 fn map(value: &Value) -> String {
     match value {

@@ -186,12 +186,16 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
     let conditions = json!([{"name": "asks", "expression": format!(
         "has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith({}))",
         quote(&at.prefix))}]);
+    let mut variables = at.variables();
+    if let Value::Array(v) = &mut variables {
+        v.push(json!({"name": "missing", "expression": at.missing()}));
+    }
     let mutating = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": name},
         "spec": {"matchConstraints": constraints, "matchConditions": conditions,
                  "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
-                 "variables": at.variables(),
+                 "variables": variables,
                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": at.patch(cfg)}}]}
     });
     let validating = json!({
@@ -245,23 +249,54 @@ impl<'c> Cel<'c> {
         format!("k.substring({})", self.prefix.chars().count())
     }
 
-    /// `variables.profile(k)`-like choice: `pick(p)` for the profile annotation `k` names,
-    /// as a chain of conditionals (the last served profile without a test: `wanted` holds
-    /// served profiles only).
+    /// `pick(p)` for the profile annotation `k` names, as a chain of conditionals (the last
+    /// served profile without a test: `served` holds served profiles only).
     fn choose(&self, pick: impl Fn(&Profile) -> String) -> String {
+        self.choose_for("k", pick)
+    }
+
+    /// [`Cel::choose`] for the annotation key in the CEL variable `key`.
+    fn choose_for(&self, key: &str, pick: impl Fn(&Profile) -> String) -> String {
         let mut out = String::new();
         let Some(((_, last), rest)) = self.served.split_last() else {
             return "null".to_owned();
         };
         for (name, p) in rest {
             out.push_str(&format!(
-                "variables.annotations[k].trim() == {} ? {} : ",
+                "variables.annotations[{key}].trim() == {} ? {} : ",
                 quote(name),
                 pick(p)
             ));
         }
         out.push_str(&pick(last));
         out
+    }
+
+    /// What the pod holds already that an asked-for volume would clash with, as the webhook
+    /// says it: another asked-for volume at its mount path, a mount of the pod's own at it,
+    /// a volume of the pod's own by its name with other settings.
+    fn clashes(&self) -> String {
+        let n = self.volume();
+        let path = self.choose(|p| quote(p.mount.mount_path.as_deref().unwrap_or("")));
+        let other = self.choose_for("j", |p| quote(p.mount.mount_path.as_deref().unwrap_or("")));
+        let same = self.choose(|p| {
+            let source: Value = serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
+            let field = kind_field(p.compiled.kind);
+            let mut checks = vec![format!("has(v.{field})")];
+            cel::same_as(&format!("v.{field}"), &source, &mut checks);
+            format!("({})", checks.join(" && "))
+        });
+        format!(
+            "variables.known.map(k, \
+             variables.known.exists(j, j < k && ({other}) == ({path})) \
+             ? 'volume \"' + {n} + '\" (annotation ' + k + '): it is mounted at ' + ({path}) + ', as the volume of annotation ' \
+               + variables.known.filter(j, j < k && ({other}) == ({path}))[0] + ' is' \
+             : object.spec.containers.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath == ({path}) && m.name != {n})) \
+             ? 'volume \"' + {n} + '\" (annotation ' + k + '): a container already mounts another volume at ' + ({path}) \
+             : has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {n} && !({same})) \
+             ? 'volume \"' + {n} + '\" (annotation ' + k + '): the pod already has a volume with this name, with other settings; rename one of them' \
+             : '').filter(m, m != '')"
+        )
     }
 
     /// Whether annotation `k`'s volume name is a DNS-1123 label (the pod's volumes' names).
@@ -281,16 +316,37 @@ impl<'c> Cel<'c> {
             {"name": "asked",
              "expression": format!("variables.annotations.filter(k, k.startsWith({})).sort()",
                                    quote(&self.prefix))},
+            {"name": "known",
+             "expression": format!(
+                 "variables.asked.filter(k, variables.annotations[k].trim() in {} && {})",
+                 self.names(), self.good_name())},
+            {"name": "clashes", "expression": self.clashes()},
+            // Nothing is added to a pod with a clash: the validating policy refuses it, naming
+            // the annotation, instead of the API server refusing an invalid pod.
+            {"name": "served",
+             "expression": "variables.clashes.size() == 0 ? variables.known : []"},
             {"name": "wanted",
              "expression": format!(
-                 "variables.asked.filter(k, variables.annotations[k].trim() in {} && {} && \
+                 "variables.served.filter(k, \
                   !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
-                 self.names(), self.good_name(), self.volume())},
+                 self.volume())},
         ])
     }
 
-    /// The JSON Patch: the volumes, each container's mounts and variables, the status
-    /// annotation; nothing for a pod that has them already.
+    /// Whether the pod lacks anything the annotations ask for: a volume, a container's mount
+    /// or variable.
+    fn missing(&self) -> String {
+        let n = self.volume();
+        let env = self.choose(|p| list(p.mount.env.iter().flatten().map(String::as_str)));
+        format!(
+            "variables.wanted.size() > 0 || object.spec.containers.exists(c, variables.served.exists(k, \
+             !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})) \
+             || ({env}).exists(e, !(has(c.env) && c.env.exists(x, x.name == e)))))"
+        )
+    }
+
+    /// The JSON Patch: the volumes, each container's mounts and variables, and the status
+    /// annotation; nothing for a pod that has them all.
     fn patch(&self, cfg: &Config) -> String {
         let n = self.volume();
         let volume = self.choose(|p| {
@@ -326,9 +382,9 @@ impl<'c> Cel<'c> {
              [JSONPatch{{op: 'add', path: '/spec/volumes', value: []}}])\n\
              + variables.wanted.map(k, JSONPatch{{op: 'add', path: '/spec/volumes/-', value: {volume}}})\n\
              + object.spec.containers.transformList(i, c,\n  \
-             (variables.wanted.size() == 0 || has(c.volumeMounts) ? [] : \
+             (variables.served.size() == 0 || has(c.volumeMounts) ? [] : \
              [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/volumeMounts', value: []}}])\n  \
-             + variables.wanted.filter(k, !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})))\
+             + variables.served.filter(k, !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})))\
              .map(k, JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/volumeMounts/-', value: {mount}}})\
              ).flatten()"
         );
@@ -340,7 +396,7 @@ impl<'c> Cel<'c> {
             let names = self.choose(|p| list(p.mount.env.iter().flatten().map(String::as_str)));
             let path = self.choose(|p| quote(p.mount.mount_path.as_deref().unwrap_or("")));
             let added = format!(
-                "variables.wanted.map(k, ({names}).filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
+                "variables.served.map(k, ({names}).filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
                  .map(e, JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env/-', \
                  value: Object.spec.containers.env{{name: e, value: {path}}}}})).flatten()"
             );
@@ -349,15 +405,16 @@ impl<'c> Cel<'c> {
                  [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env', value: []}}])\n  + {added}).flatten()"
             ));
         }
-        out.push_str(&format!(
-            "\n+ (variables.wanted.size() == 0 ? [] : [JSONPatch{{op: 'add', path: {}, \
-             value: variables.wanted.map(k, {n}).join(',')}}])",
+        // The status annotation names every volume the annotations ask for, written whenever
+        // anything else is (as the webhook writes it), so never on a pod that has it all.
+        format!(
+            "{out}\n+ (variables.missing ? [JSONPatch{{op: 'add', path: {}, \
+             value: variables.served.map(k, {n}).join(',')}}] : [])",
             quote(&format!(
                 "/metadata/annotations/{}",
                 pointer_token(&cfg.injected.key)
             ))
-        ));
-        out
+        )
     }
 
     /// The refusals, every problem of every annotation in one message (as the webhook says
@@ -385,12 +442,14 @@ impl<'c> Cel<'c> {
             ));
         }
         problem.push_str(": ''");
-        let mut problems = format!("variables.asked.map(k, ({problem})).filter(m, m != '')");
+        let mut problems =
+            format!("variables.asked.map(k, ({problem})).filter(m, m != '') + variables.clashes");
         if let Some(max) = cfg.policy.max_volumes_per_pod {
-            problems.push_str(&format!(
-                "\n+ (variables.asked.size() <= {max} ? [] : ['the pod asks for ' + string(variables.asked.size()) \
-                 + ' volumes, more than policy.maxVolumesPerPod ({max})'])"
-            ));
+            // Counted before anything else is read, as the webhook counts.
+            problems = format!(
+                "variables.asked.size() > {max} ? [string(variables.asked.size()) + ' volumes requested, \
+                 policy.maxVolumesPerPod allows {max}'] : {problems}"
+            );
         }
         json!([{
             "expression": format!("({problems}).size() == 0"),
@@ -505,6 +564,6 @@ mod tests {
             v.contains("== 'bare' ? 'annotation ' + k + ': ' + 'mountPath is required: profile \\\"bare\\\" does not set one'"),
             "{v}"
         );
-        assert!(v.contains("policy.maxVolumesPerPod (3)"), "{v}");
+        assert!(v.contains("policy.maxVolumesPerPod allows 3"), "{v}");
     }
 }

@@ -1,0 +1,240 @@
+"""The admission policies `ephemeral-volume-injector policies` compiles, against the webhook, in
+the real API server (1.37): every case is created twice — in a namespace the webhook serves
+and in one only the policies serve — and the pods the API server stores must be identical
+(names, uids and the ServiceAccount token's generated volume name aside), or both must be
+refused naming the same annotations. A case where they disagree fails.
+
+The corpus is generated: every profile (each volume kind, a read-only mount, a variable) alone
+and together, in five pod shapes (one container, two, a container that already sets the
+variable or has mounts, an init container, a volume of its own), the whole value padded with
+spaces; every refusal (an unknown profile, the inline forms the configuration does not allow,
+a volume name that is not a DNS label, a profile without a mount path, too many volumes) alone
+and mixed with good annotations; a Job's pod (generateName, from the job controller); and
+reinvocation after a later policy adds a container."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import json
+import re
+import subprocess
+
+import pytest
+import yaml
+from conftest import BINARY, nextflow_job, pod, release_fixture, wait_for
+
+P = "ephemeral-volumes.io"
+WEBHOOK_NS = "parity-webhook"
+POLICIES_NS = "parity-policies"
+
+CONFIG = {
+    "profiles": {
+        "scratch": {"mountPath": "/scratch", "env": ["TMPDIR"], "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
+            "resources": {"requests": {"storage": "200Gi"}}}}}},
+        "shm": {"mountPath": "/dev/shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        "secrets": {"mountPath": "/mnt/secrets", "readOnly": True,
+                    "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True,
+                            "volumeAttributes": {"secretProviderClass": "vault-db"}}},
+        "bare": {"emptyDir": {"sizeLimit": "2Gi"}},
+    },
+    "policy": {"allowInline": False, "maxVolumesPerPod": 4},
+}
+VALUES = {"config": CONFIG, "webhook": {"excludeNamespaces": [POLICIES_NS]}}
+
+release = release_fixture("evi-parity", VALUES)
+
+GOOD = ["scratch", "shm", "secrets", " shm "]
+BAD = ["nope", "type=emptyDir,mountPath=/x", '{"mountPath": "/x", "emptyDir": {}}', "bare", "Scratch"]
+SHAPES = {
+    "one container": {},
+    "two containers, the second already with the variable and a mount": {"containers": [
+        {"name": "main", "image": "busybox"},
+        {"name": "side", "image": "busybox", "env": [{"name": "TMPDIR", "value": "/mine"}],
+         "volumeMounts": [{"name": "own", "mountPath": "/own"}]}],
+        "volumes": [{"name": "own", "emptyDir": {}}]},
+    "an init container": {"initContainers": [{"name": "init", "image": "busybox"}]},
+    "no volumes of its own, no service account token": {"automountServiceAccountToken": False},
+}
+
+
+def cases():
+    for (shape, spec), value in itertools.product(SHAPES.items(), GOOD):
+        yield f"{value.strip()!r}, {shape}", {f"{P}/vol": value}, spec
+    yield "two profiles", {f"{P}/a": "scratch", f"{P}/b": "shm"}, {}
+    yield "three profiles", {f"{P}/tmp": "scratch", f"{P}/shm": "shm", f"{P}/db": "secrets"}, {}
+    for value in BAD:
+        yield f"refused: {value!r}", {f"{P}/vol": value}, {}
+        yield f"refused: {value!r} beside a good one", {f"{P}/vol": value, f"{P}/ok": "shm"}, {}
+    yield "refused: a volume name that is not a DNS label", {f"{P}/Bad": "shm"}, {}
+    yield "refused: every mistake at once", {f"{P}/Bad": "shm", f"{P}/x": "nope", f"{P}/y": "bare"}, {}
+    yield "refused: too many volumes", {f"{P}/v{i}": "shm" for i in range(5)}, {}
+    yield "refused: one profile twice, at one mount path", {f"{P}/a": "shm", f"{P}/b": "shm"}, {}
+    own_mount = {"containers": [{"name": "main", "image": "busybox",
+                                 "volumeMounts": [{"name": "own", "mountPath": "/dev/shm"}]}],
+                 "volumes": [{"name": "own", "emptyDir": {}}]}
+    yield "refused: a mount of the pod's own at the mount path", {f"{P}/a": "shm"}, own_mount
+    yield "refused: a volume of the pod's own by the name, other settings", {f"{P}/own": "shm"}, \
+        {"volumes": [{"name": "own", "emptyDir": {}}]}
+    yield "a volume of the pod's own by the name, the same settings", {f"{P}/own": "shm"}, \
+        {"volumes": [{"name": "own", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}
+    yield "no annotation of the prefix", {"other.example.com/x": "y"}, {}
+
+
+CASES = list(cases())
+
+
+@pytest.fixture(scope="module")
+def policies(cluster, release, tmp_path_factory):
+    """The compiled policies, bound to POLICIES_NS only (the webhook leaves it alone)."""
+    path = tmp_path_factory.mktemp("policies") / "values.yaml"
+    path.write_text(yaml.safe_dump(VALUES))
+    out = subprocess.run([str(BINARY), "policies", "--config", str(path)], capture_output=True, text=True,
+                         check=True)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    for d in docs:
+        if d["kind"].endswith("Binding"):
+            d["spec"]["matchResources"] = {"namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": POLICIES_NS}}}
+    items = {"apiVersion": "v1", "kind": "List", "items": docs}
+    for ns in (WEBHOOK_NS, POLICIES_NS):
+        cluster.namespace(ns)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
+    # The API server's policy informer takes them up within a second or two.
+    probe = pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "shm"})
+    wait_for("the policies to take effect", lambda: "probe" in {
+        v["name"] for v in json.loads(cluster.create(probe, "--dry-run=server").stdout)["spec"].get("volumes", [])},
+        timeout=30, interval=0.5)
+    wait_for("the policies to refuse", lambda: cluster.create(
+        pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server", check=False).returncode != 0,
+        timeout=30, interval=0.5)
+    yield docs
+    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(items))
+
+
+def normalized(stored: dict) -> dict:
+    """The pod without what differs by namespace and creation: names, uids, times, and the
+    generated name of the ServiceAccount token's volume."""
+    p = copy.deepcopy(stored)
+    meta = p["metadata"]
+    for k in ("name", "generateName", "namespace", "uid", "creationTimestamp", "resourceVersion", "managedFields",
+              "ownerReferences"):
+        meta.pop(k, None)
+    for k in list(meta.get("labels", {})):
+        if "controller-uid" in k or "job-name" in k:
+            meta["labels"].pop(k)
+    p.pop("status", None)
+    text = json.dumps(p, sort_keys=True)
+    return json.loads(re.sub(r"kube-api-access-[a-z0-9]{5}", "kube-api-access", text))
+
+
+def assert_same(webhook: dict, policy: dict, label: str = "") -> None:
+    """The two stored pods are one, or the failure shows where they differ (webhook → policies)."""
+    a, b = (json.dumps(normalized(p), indent=1, sort_keys=True).splitlines() for p in (webhook, policy))
+    diff = "\n".join(difflib.unified_diff(a, b, "webhook", "policies", lineterm="", n=2))
+    assert not diff, f"{label}\n{diff}"
+
+
+def named(message: str) -> set[str]:
+    """The annotations a refusal names."""
+    return set(re.findall(rf"annotation ({re.escape(P)}/[A-Za-z0-9._-]+)", message))
+
+
+def both(cluster, annotations: dict, spec: dict) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    results = []
+    for ns in (WEBHOOK_NS, POLICIES_NS):
+        p = pod(namespace=ns, annotations=annotations)
+        p["spec"].update(copy.deepcopy(spec))
+        results.append(cluster.create(p, "--dry-run=server", check=False))
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("label,annotations,spec", CASES, ids=[c[0] for c in CASES])
+def test_the_policies_store_what_the_webhook_stores_or_refuse_what_it_refuses(cluster, release, policies, label,
+                                                                            annotations, spec):
+    webhook, policy = both(cluster, annotations, spec)
+    if webhook.returncode == 0:
+        assert policy.returncode == 0, f"{label}: the webhook admits, the policies refuse:\n{policy.stderr}"
+        assert_same(json.loads(webhook.stdout), json.loads(policy.stdout), label)
+    else:
+        assert policy.returncode != 0, f"{label}: the webhook refuses, the policies admit:\n{webhook.stderr}"
+        assert "ValidatingAdmissionPolicy" in policy.stderr, policy.stderr
+        assert named(policy.stderr) == named(webhook.stderr), (webhook.stderr, policy.stderr)
+        if "maxVolumesPerPod" in webhook.stderr:
+            assert "policy.maxVolumesPerPod allows 4" in policy.stderr, policy.stderr
+
+
+def test_the_corpus_covers_admissions_and_refusals(cluster, release, policies):
+    """The corpus is not all one outcome: a parity of refusals alone would prove little."""
+    outcomes = [both(cluster, a, s)[0].returncode == 0 for _, a, s in CASES]
+    assert sum(outcomes) >= 18 and outcomes.count(False) >= 12, outcomes
+
+
+def test_the_key_value_form_with_a_profile_is_the_webhooks_only_and_the_policies_say_so(cluster, release, policies):
+    """The one documented difference of this compiler: profile=<name>,<field>=… is served by
+    the webhook and refused by the policies, naming the annotation and why."""
+    webhook, policy = both(cluster, {f"{P}/vol": "profile=bare,mountPath=/bare"}, {})
+    assert webhook.returncode == 0, webhook.stderr
+    assert policy.returncode != 0 and f"annotation {P}/vol: " in policy.stderr, policy.stderr
+    assert "needs the webhook" in policy.stderr
+
+
+def test_a_jobs_pod_from_the_job_controller_is_the_same_either_way(cluster, release, policies):
+    stored = []
+    for ns in (WEBHOOK_NS, POLICIES_NS):
+        cluster.create(nextflow_job("nf-parity", ns, {f"{P}/scratch": "scratch", f"{P}/shm": "shm"}))
+
+        def job_pod(ns=ns):
+            pods = cluster.get("pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=nf-parity")["items"]
+            return pods[0] if pods else None
+        stored.append(wait_for(f"the Job's pod in {ns}", job_pod))
+    webhook, policy = stored
+    assert policy["metadata"]["generateName"] == "nf-parity-"
+    assert policy["metadata"]["annotations"][f"injector.{P}/injected"] == "scratch,shm"
+    assert_same(webhook, policy)
+
+
+SIDECAR = {
+    "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+    "metadata": {"name": "parity-add-sidecar"},
+    "spec": {
+        "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                 "operations": ["CREATE"], "resources": ["pods"]}]},
+        "matchConditions": [{"name": "parity", "expression": "object.metadata.namespace.startsWith('parity-')"}],
+        "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
+        # Adds a container once the pod has been given its volumes: the injector is called
+        # again (reinvocation) and must mount them into the new container too.
+        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression":
+            f"has(object.metadata.annotations) && 'injector.{P}/injected' in object.metadata.annotations"
+            " && !object.spec.containers.exists(c, c.name == 'added')"
+            " ? [JSONPatch{op: 'add', path: '/spec/containers/-',"
+            " value: Object.spec.containers{name: 'added', image: 'busybox'}}] : []"}}],
+    },
+}
+
+
+def test_reinvocation_after_a_later_mutator_adds_a_container_is_the_same_either_way(cluster, release, policies):
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+               "metadata": {"name": "parity-add-sidecar"}, "spec": {"policyName": "parity-add-sidecar"}}
+    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": [SIDECAR, binding]})
+    cluster.kubectl("apply", "-f", "-", input=items)
+    try:
+        def with_sidecar():
+            webhook, policy = both(cluster, {f"{P}/tmp": "scratch"}, {})
+            pods = [json.loads(r.stdout) for r in (webhook, policy)]
+            return pods if all(len(p["spec"]["containers"]) == 2 for p in pods) else None
+        webhook, policy = wait_for("the sidecar policy to take effect", with_sidecar, timeout=30, interval=1)
+        added = policy["spec"]["containers"][1]
+        assert {"name": "tmp", "mountPath": "/scratch"} in added["volumeMounts"], added
+        assert {"name": "TMPDIR", "value": "/scratch"} in added["env"], added
+        # The API server re-runs its ServiceAccount plugin when it reinvokes: the container the
+        # sidecar policy adds in the same pass as the injector's policy gets the token's mount,
+        # the one it adds after the webhook does not. That order is the API server's, not ours.
+        for p in (webhook, policy):
+            for c in p["spec"]["containers"]:
+                c["volumeMounts"] = [m for m in c["volumeMounts"] if not m["name"].startswith("kube-api-access")]
+        assert_same(webhook, policy)
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
