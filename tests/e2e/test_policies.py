@@ -28,6 +28,7 @@ from conftest import BINARY, nextflow_job, pod, release_fixture, wait_for
 P = "ephemeral-volumes.io"
 WEBHOOK_NS = "parity-webhook"
 POLICIES_NS = "parity-policies"
+BOTH_NS = "parity-both"
 
 CONFIG = {
     "profiles": {
@@ -96,10 +97,10 @@ def policies(cluster, release, tmp_path_factory):
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     for d in docs:
         if d["kind"].endswith("Binding"):
-            d["spec"]["matchResources"] = {"namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": POLICIES_NS}}}
+            d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [POLICIES_NS, BOTH_NS]}]}}
     items = {"apiVersion": "v1", "kind": "List", "items": docs}
-    for ns in (WEBHOOK_NS, POLICIES_NS):
+    for ns in (WEBHOOK_NS, POLICIES_NS, BOTH_NS):
         cluster.namespace(ns)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
     # The API server's policy informer takes them up within a second or two.
@@ -142,9 +143,10 @@ def named(message: str) -> set[str]:
     return set(re.findall(rf"annotation ({re.escape(P)}/[A-Za-z0-9._-]+)", message))
 
 
-def both(cluster, annotations: dict, spec: dict) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+def both(cluster, annotations: dict, spec: dict, namespaces=(WEBHOOK_NS, POLICIES_NS)) -> tuple[
+        subprocess.CompletedProcess, subprocess.CompletedProcess]:
     results = []
-    for ns in (WEBHOOK_NS, POLICIES_NS):
+    for ns in namespaces:
         p = pod(namespace=ns, annotations=annotations)
         p["spec"].update(copy.deepcopy(spec))
         results.append(cluster.create(p, "--dry-run=server", check=False))
@@ -238,3 +240,14 @@ def test_reinvocation_after_a_later_mutator_adds_a_container_is_the_same_either_
         assert_same(webhook, policy)
     finally:
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
+
+
+@pytest.mark.parametrize("label,annotations,spec", [c for c in CASES if "container" in c[0] or "refused" in c[0]][::3])
+def test_with_the_policies_and_the_webhook_both_on_a_pod_is_what_the_webhook_alone_makes(cluster, release, policies,
+                                                                                      label, annotations, spec):
+    """The move from one to the other without a gap (docs/policies.md): while both serve a
+    namespace, the policies run first and the webhook finds everything there already."""
+    webhook, together = both(cluster, annotations, spec, namespaces=(WEBHOOK_NS, BOTH_NS))
+    assert (webhook.returncode == 0) == (together.returncode == 0), (webhook.stderr, together.stderr)
+    if webhook.returncode == 0:
+        assert_same(json.loads(webhook.stdout), json.loads(together.stdout), label)
