@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::{
     config::{Config, Mode, OnError},
     decision::Decision,
+    engine::bounds::MAX_VOLUMES,
     engine::{PodLocation, decide},
     pod::PodView,
     volume::{InitTargets, Profile, VolumeKind},
@@ -234,6 +235,8 @@ struct Cel<'c> {
     prefix: String,
     /// The profiles the policies serve, by name.
     served: &'c [(&'c str, &'c Profile)],
+    /// `policy.maxVolumesPerPod`.
+    max_volumes: Option<usize>,
 }
 
 impl<'c> Cel<'c> {
@@ -241,6 +244,7 @@ impl<'c> Cel<'c> {
         Cel {
             prefix: format!("{}/", cfg.prefix),
             served,
+            max_volumes: cfg.policy.max_volumes_per_pod,
         }
     }
 
@@ -305,6 +309,24 @@ impl<'c> Cel<'c> {
         format!("{n}.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && {n}.size() <= 63")
     }
 
+    /// The refusal for more annotations than a pod may have, counted before anything is read
+    /// (as the webhook counts: its own bound first, then the policy's), else `''`.
+    fn over(&self) -> String {
+        let prefix = &self.prefix;
+        let mut out = format!(
+            "variables.asked.size() > {MAX_VOLUMES} ? string(variables.asked.size()) + \
+             ' annotations {prefix}*: a pod may ask for at most {MAX_VOLUMES} volumes' : "
+        );
+        if let Some(max) = self.max_volumes {
+            out.push_str(&format!(
+                "variables.asked.size() > {max} ? string(variables.asked.size()) + \
+                 ' volumes requested, policy.maxVolumesPerPod allows {max}' : "
+            ));
+        }
+        out.push_str("''");
+        out
+    }
+
     fn names(&self) -> String {
         list(self.served.iter().map(|(n, _)| *n))
     }
@@ -316,9 +338,12 @@ impl<'c> Cel<'c> {
             {"name": "asked",
              "expression": format!("variables.annotations.filter(k, k.startsWith({})).sort()",
                                    quote(&self.prefix))},
+            {"name": "over", "expression": self.over()},
+            // Past a count nothing more is read: the pod is refused for it alone.
             {"name": "known",
              "expression": format!(
-                 "variables.asked.filter(k, variables.annotations[k].trim() in {} && {})",
+                 "variables.over != '' ? [] : \
+                  variables.asked.filter(k, variables.annotations[k].trim() in {} && {})",
                  self.names(), self.good_name())},
             {"name": "clashes", "expression": self.clashes()},
             // Nothing is added to a pod with a clash: the validating policy refuses it, naming
@@ -442,15 +467,10 @@ impl<'c> Cel<'c> {
             ));
         }
         problem.push_str(": ''");
-        let mut problems =
-            format!("variables.asked.map(k, ({problem})).filter(m, m != '') + variables.clashes");
-        if let Some(max) = cfg.policy.max_volumes_per_pod {
-            // Counted before anything else is read, as the webhook counts.
-            problems = format!(
-                "variables.asked.size() > {max} ? [string(variables.asked.size()) + ' volumes requested, \
-                 policy.maxVolumesPerPod allows {max}'] : {problems}"
-            );
-        }
+        let problems = format!(
+            "variables.over != '' ? [variables.over] : \
+             variables.asked.map(k, ({problem})).filter(m, m != '') + variables.clashes"
+        );
         json!([{
             "expression": format!("({problems}).size() == 0"),
             "messageExpression": format!("({problems}).join('; ')"),
