@@ -300,9 +300,8 @@ fn planned<'p>(
     sources: &Sources<'_>,
     blame: &mut Blame,
 ) -> Result<Plan<'p>, Denial> {
-    let mut plan = Plan::new(pod);
     let before = errors.len();
-    plan::place_volumes(&mut plan, pod, volumes, &cfg.injected, &mut errors);
+    let mut plan = plan::place_volumes(pod, volumes, &cfg.injected, &mut errors);
     if errors.len() > before {
         // Conflicts with the pod or between volumes: each of the volumes may be the cause.
         for v in volumes {
