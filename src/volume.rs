@@ -593,7 +593,7 @@ pub struct VolumeRequest {
 }
 
 impl VolumeRequest {
-    /// A request to be read into ([`VolumeRequest::read`]); it allocates nothing.
+    /// An empty request for the annotation parser to read a value into, a field at a time.
     pub(crate) fn placeholder() -> Self {
         VolumeRequest {
             source: Requested::Profile(String::new()),

@@ -29,19 +29,37 @@ impl FromStr for VolumeRequest {
 
     /// Parses an annotation value in any of the three forms; every problem at once.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let mut request = VolumeRequest::placeholder();
-        request.read(value)?;
-        Ok(request)
+        VolumeRequest::parse(value).map_err(|u| u.error)
     }
 }
 
+/// An annotation value that could not be read: every problem, and the mount fields that could
+/// be read all the same (the checks against the pod run on them, so that a misspelt container
+/// is said in the same answer).
+pub struct Unreadable {
+    /// Every problem of the value.
+    pub error: Invalid,
+    /// What could be read of the mount.
+    pub mount: Box<Mount>,
+}
+
 impl VolumeRequest {
-    /// Parses an annotation value (as [`FromStr`]) into this request, where it lives: a pod's
-    /// requests are parsed straight into their list (returned, a ~260-byte request was copied
-    /// at each of three layers, twice a Pod-mode review). On an error the request is left in
-    /// an unspecified state, to be dropped: so it is the crate's own, and everyone else parses
-    /// (`str::parse`, which drops it).
-    pub(crate) fn read(&mut self, value: &str) -> Result<(), Invalid> {
+    /// Parses an annotation value (as [`FromStr`]), keeping what could be read of its mount
+    /// when it cannot be read whole.
+    pub fn parse(value: &str) -> Result<VolumeRequest, Unreadable> {
+        let mut request = VolumeRequest::placeholder();
+        match request.read(value) {
+            Ok(()) => Ok(request),
+            Err(error) => Err(Unreadable {
+                error,
+                mount: Box::new(request.mount),
+            }),
+        }
+    }
+
+    /// Reads an annotation value into this request, a field at a time; on an error it holds
+    /// what could be read.
+    fn read(&mut self, value: &str) -> Result<(), Invalid> {
         let trimmed = trim(value);
         if trimmed.is_empty() {
             return bad(

@@ -3,6 +3,7 @@
 
 use super::{bounds, targets};
 use crate::{
+    annotation::Unreadable,
     config::{Config, Mode},
     decision::Denial,
     pod::PodView,
@@ -123,8 +124,9 @@ pub(super) fn annotations<'a>(
         let Some(name) = volume_name(cfg, key) else {
             continue;
         };
-        if !read_annotation(pod, &mut read.requests, key, name, value, &mut read.errors) {
-            read.refused.push(name);
+        match read_annotation(pod, key, name, value, &mut read.errors) {
+            Some(request) => read.requests.push(request),
+            None => read.refused.push(name),
         }
     }
     Ok(read)
@@ -178,38 +180,32 @@ impl<'a> Annotations<'a> {
         Ok((requests, errors))
     }
 }
-/// The annotation `key` (volume `name`) read into the list's next slot, which stays if it
-/// could be read; `false`, with its errors, when it could not. Read in place, so that what
-/// could be read of a refused value (its containers) is still checked against the pod.
+/// The annotation `key` (volume `name`) read; with its errors when it could not be, what
+/// could be read of its mount checked against the pod all the same.
 fn read_annotation<'a>(
     pod: &PodView<'_>,
-    requests: &mut Vec<Request<'a>>,
     key: &'a str,
     name: &'a str,
     value: &str,
     errors: &mut Vec<Denial>,
-) -> bool {
-    let origin = Origin::Annotation(key);
-    // Read where it will live, the list's next slot (taken back unless it could be read).
-    let at = requests.len();
-    requests.resize_with(at + 1, || Request {
-        name,
-        origin,
-        request: VolumeRequest::placeholder(),
-    });
-    let Some(slot) = requests.last_mut() else {
-        return false; // never: the slot was just added
-    };
+) -> Option<Request<'a>> {
     let parsed = validate::dns_label("volume name", name)
         .and_then(|()| bounds::value(value).map_err(Invalid))
-        .and_then(|()| slot.request.read(value));
-    let kept = match parsed {
-        Ok(()) => true,
-        Err(e) => {
-            errors.push(Denial::invalid(format!("annotation {key}: {}", e.0)));
+        .map_err(|error| Unreadable {
+            error,
+            mount: Box::default(),
+        })
+        .and_then(|()| VolumeRequest::parse(value));
+    match parsed {
+        Ok(request) => Some(Request {
+            name,
+            origin: Origin::Annotation(key),
+            request,
+        }),
+        Err(Unreadable { error, mount }) => {
+            errors.push(Denial::invalid(format!("annotation {key}: {}", error.0)));
             // The checks against the pod, on what could be read of it: every mistake of
             // the annotation in one answer (a misspelt container too, not on the next try).
-            let mount = &slot.request.mount;
             if let Err(d) = targets::find(
                 pod,
                 mount.containers.as_deref(),
@@ -220,13 +216,9 @@ fn read_annotation<'a>(
                     format!("annotation {key}: {}", d.message),
                 ));
             }
-            false
+            None
         }
-    };
-    if !kept {
-        requests.truncate(at);
     }
-    kept
 }
 
 /// The volumes of every rule that matches the pod, but those a request of the same name has
