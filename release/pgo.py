@@ -2,7 +2,8 @@
 """The profile a release build is optimised with (profile-guided optimisation, PGO).
 
 An instrumented build of the webhook for this machine serves a training set on loopback, as
-the chart runs it (TLS, JSON logs at info, the test configuration): the reviews of every golden
+the chart runs it (TLS, JSON logs at info; the test configuration, then the built-in
+defaults): the reviews of every golden
 case (tests/golden: Nextflow's Job-mode and Pod-mode pods, pods that ask for nothing, refusals,
 conflicts, and the workloads at /validate), over HTTP/2 as the API server sends them and over
 HTTP/1.1 keep-alive, plus the admin endpoints a kubelet and Prometheus call. The webhook then
@@ -145,7 +146,8 @@ def wait_ready(proc: subprocess.Popen, port: int, deadline: float) -> None:
     raise TrainingError(f"the instrumented server did not listen on {port} within its deadline")
 
 
-def train(binary: Path, work: Path, rounds: int, baseline: bool) -> None:
+def train(binary: Path, work: Path, rounds: int, baseline: bool, config: Path | None) -> None:
+    """Serves the training set `rounds` times, with `config` (None: the built-in defaults)."""
     cases = training_set()
     port, admin = free_port(), free_port()
     # The flags below only: no EVI_* setting of the caller's, and no cluster even when the build
@@ -158,8 +160,8 @@ def train(binary: Path, work: Path, rounds: int, baseline: bool) -> None:
     # The bare server answers every request with one constant response: no admin endpoints.
     cmd = [str(binary), f"127.0.0.1:{port}", str(work / "ca.crt")] if baseline else [
         str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}",
-        "--ca-out", str(work / "ca.crt"), "--config", str(CONFIG), "--log-format", "json",
-        "--log-level", "info"]
+        "--ca-out", str(work / "ca.crt"), *(["--config", str(config)] if config else []),
+        "--log-format", "json", "--log-level", "info"]
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(proc, port, time.monotonic() + 30)
@@ -187,7 +189,7 @@ def train(binary: Path, work: Path, rounds: int, baseline: bool) -> None:
                     c.close()
         # A profile of refusals only would optimise the wrong paths: both Nextflow modes must
         # have been mutated.
-        missing = set() if baseline else MUST_PATCH - patched
+        missing = set() if baseline or config is None else MUST_PATCH - patched
         if missing:
             raise TrainingError(f"no patch for {', '.join(sorted(missing))}: the training did not "
                                 "reach the mutation path; the webhook's log ends: "
@@ -244,7 +246,12 @@ def main() -> int:
             work = Path(tmp)
             (work / "raw").mkdir()
             binary = args.binary or instrumented_build(args.baseline)
-            train(binary, work, args.rounds, args.baseline)
+            # The test configuration, then the built-in defaults (no profiles, inline volumes
+            # allowed, no limits): a path only the defaults take would otherwise be cold code,
+            # compiled for size, in every binary run without a configuration file.
+            train(binary, work, args.rounds, args.baseline, CONFIG)
+            if not args.baseline:
+                train(binary, work, max(1, args.rounds // 2), args.baseline, None)
             raws = sorted((work / "raw").glob("*.profraw"))
             if not raws:
                 raise TrainingError("the server wrote no profile: was it built with -Cprofile-generate?")
