@@ -143,7 +143,7 @@ def test_a_refused_pod_shows_the_message_naming_the_annotation(cluster, release)
     assert f"annotation {P}/scratch" in p.stderr and "mountpath" in p.stderr
     assert cluster.kubectl("get", "pod", "refused", "-n", ns, check=False).returncode != 0
     # Over policy: 403 in the webhook's status, shown by kubectl.
-    big = pod(name="too-big", namespace=ns, annotations={f"{P}/scratch": "type=ephemeral,size=2Ti,mountPath=/s"})
+    big = pod(name="too-big", namespace=ns, annotations={f"{P}/scratch": "type=ephemeral,storageClass=gp3,size=2Ti,mountPath=/s"})
     p = cluster.create(big, check=False)
     assert p.returncode != 0 and "policy.maxSize.ephemeral" in p.stderr
 
