@@ -123,8 +123,9 @@ fn notes(cfg: &Config) -> Vec<String> {
         "the webhook's warnings (a near-miss annotation key, a variable the pod already sets) \
          have no policy equivalent: the policies say nothing"
             .to_owned(),
-        "a pod that already has a volume of an asked-for name keeps it (the webhook refuses \
-         one that differs)"
+        "a volume of the pod's own by an asked-for name is compared on the fields the profile \
+         sets only: one that differs in other fields only is kept and mounted, where the \
+         webhook, comparing the whole source, may refuse it"
             .to_owned(),
     ];
     if cfg.cluster_checks != crate::cluster::Mode::Off {
