@@ -5,14 +5,15 @@
 //! the webhook would refuse, each with its binding. docs/policies.md says what they do and
 //! what only the webhook does.
 //!
-//! What this first compiler serves: profiles named by an annotation's whole value, with their
-//! mount path, readOnly, subPath and variables, into every container. A configuration that
-//! needs more (inline volumes, rules, overrides, audit, `onError: warn`, a profile's own
-//! container list or `size: request`) is refused, naming the key, rather than compiled into
-//! policies that would treat pods otherwise; what no policy can do (the cluster checks, the
-//! webhook's warnings) is said as a note.
+//! What the compiler serves: profiles named by an annotation's whole value and the key=value
+//! form (inline.rs) under the configuration's `policy`, with mount path, readOnly, subPath and
+//! variables, into every container. A configuration that needs more (rules, overrides, audit,
+//! `onError: warn`, a profile's own container list or `size: request`) is refused, naming the
+//! key, rather than compiled into policies that would treat pods otherwise; what no policy can
+//! do (the cluster checks, the webhook's warnings, the JSON form) is said as a note.
 
 mod cel;
+mod inline;
 
 use serde_json::{Value, json};
 
@@ -25,7 +26,10 @@ use crate::{
     volume::{InitTargets, Profile, VolumeKind},
 };
 
-use self::cel::{list, quote, typed};
+use self::{
+    cel::{list, quote, typed},
+    inline::Form,
+};
 
 /// A key of the configuration the policies would give another meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,13 +64,6 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
             why: why.to_owned(),
         })
     };
-    if cfg.policy.allow_inline {
-        no(
-            "policy.allowInline".into(),
-            "true: the policies read profile names only (the key=value and JSON forms are the \
-             webhook's); set it to false to compile",
-        );
-    }
     if !cfg.rules.is_empty() {
         no("rules".into(), "rules are the webhook's only for now");
     }
@@ -116,18 +113,25 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
 
 /// What the webhook does that the policies cannot, for this configuration.
 fn notes(cfg: &Config) -> Vec<String> {
-    let mut notes = vec![
-        "the key=value form with a profile (profile=<name>,<field>=…) is not compiled yet: the \
-         policies refuse it, naming the annotation"
-            .to_owned(),
-        "the webhook's warnings (a near-miss annotation key, a variable the pod already sets) \
-         have no policy equivalent: the policies say nothing"
+    let mut notes =
+        vec![if cfg.policy.allow_inline {
+        "the JSON form, and in the key=value form a profile with fields (profile=<name>,…), \
+         containers, initContainers and size=request, are read by the webhook only: the policies \
+         refuse them, naming the annotation"
+    } else {
+        "a profile with fields (profile=<name>,…) is read by the webhook only: the policies \
+         refuse it, naming the annotation"
+    }
+    .to_owned()];
+    notes.extend([
+        "the webhook's warnings (a near-miss annotation key, a variable the pod already sets, a \
+         memory emptyDir without a size) have no policy equivalent: the policies say nothing"
             .to_owned(),
         "a volume of the pod's own by an asked-for name is compared on the fields the profile \
-         sets only: one that differs in other fields only is kept and mounted, where the \
-         webhook, comparing the whole source, may refuse it"
+         or annotation sets only: one that differs in other fields only is kept and mounted, \
+         where the webhook, comparing the whole source, may refuse it"
             .to_owned(),
-    ];
+    ]);
     if cfg.cluster_checks != crate::cluster::Mode::Off {
         notes.push(
             "clusterChecks: a policy cannot read CSIDriver or StorageClass objects: no cluster \
@@ -188,7 +192,7 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
     let conditions = json!([{"name": "asks", "expression": format!(
         "has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith({}))",
         quote(&at.prefix))}]);
-    let mut variables = at.variables();
+    let mut variables = at.variables(&refused);
     if let Value::Array(v) = &mut variables {
         v.push(json!({"name": "missing", "expression": at.missing()}));
     }
@@ -204,8 +208,8 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
         "spec": {"matchConstraints": constraints, "matchConditions": conditions,
-                 "failurePolicy": "Fail", "variables": at.variables(),
-                 "validations": at.validations(cfg, &refused)}
+                 "failurePolicy": "Fail", "variables": at.variables(&refused),
+                 "validations": at.validations()}
     });
     let binding = |kind: &str, extra: Value| {
         let mut spec = json!({"policyName": name,
@@ -236,16 +240,25 @@ struct Cel<'c> {
     prefix: String,
     /// The profiles the policies serve, by name.
     served: &'c [(&'c str, &'c Profile)],
+    /// Every profile's name (a value that names another is not a profile).
+    profiles: Vec<&'c str>,
     /// `policy.maxVolumesPerPod`.
     max_volumes: Option<usize>,
+    /// The key=value form, when `policy.allowInline` lets pods write it.
+    inline: Option<Form<'c>>,
+    /// `policy.allowInline`'s origin, for the refusal of the inline forms.
+    policy_origin: &'c str,
 }
 
 impl<'c> Cel<'c> {
-    fn new(cfg: &Config, served: &'c [(&'c str, &'c Profile)]) -> Self {
+    fn new(cfg: &'c Config, served: &'c [(&'c str, &'c Profile)]) -> Self {
         Cel {
             prefix: format!("{}/", cfg.prefix),
             served,
+            profiles: cfg.profiles.keys().map(String::as_str).collect(),
             max_volumes: cfg.policy.max_volumes_per_pod,
+            inline: cfg.policy.allow_inline.then(|| Form::new(&cfg.policy)),
+            policy_origin: &cfg.policy.origin,
         }
     }
 
@@ -254,27 +267,42 @@ impl<'c> Cel<'c> {
         format!("k.substring({})", self.prefix.chars().count())
     }
 
-    /// `pick(p)` for the profile annotation `k` names, as a chain of conditionals (the last
-    /// served profile without a test: `served` holds served profiles only).
-    fn choose(&self, pick: impl Fn(&Profile) -> String) -> String {
-        self.choose_for("k", pick)
+    /// `by_form` for an annotation in key=value form, else `pick(p)` for the profile its
+    /// value names (a chain of conditionals, the last served profile without a test: only
+    /// annotations without problems are asked).
+    fn per_annotation(
+        &self,
+        by_form: impl Fn(&Form<'c>) -> String,
+        pick: impl Fn(&Profile) -> String,
+    ) -> String {
+        let profile = match self.served.split_last() {
+            None => None,
+            Some(((_, last), rest)) => {
+                let mut out = String::new();
+                for (name, p) in rest {
+                    out.push_str(&format!(
+                        "variables.values[k] == {} ? {} : ",
+                        quote(name),
+                        pick(p)
+                    ));
+                }
+                out.push_str(&pick(last));
+                Some(out)
+            }
+        };
+        match (&self.inline, profile) {
+            (Some(form), Some(profile)) => {
+                format!("(k in variables.kv ? {} : {profile})", by_form(form))
+            }
+            (Some(form), None) => by_form(form),
+            (None, Some(profile)) => format!("({profile})"),
+            (None, None) => "null".to_owned(),
+        }
     }
 
-    /// [`Cel::choose`] for the annotation key in the CEL variable `key`.
-    fn choose_for(&self, key: &str, pick: impl Fn(&Profile) -> String) -> String {
-        let mut out = String::new();
-        let Some(((_, last), rest)) = self.served.split_last() else {
-            return "null".to_owned();
-        };
-        for (name, p) in rest {
-            out.push_str(&format!(
-                "variables.annotations[{key}].trim() == {} ? {} : ",
-                quote(name),
-                pick(p)
-            ));
-        }
-        out.push_str(&pick(last));
-        out
+    /// A map from each annotation without problems to `value` of it (a CEL expression of `k`).
+    fn each_known(value: String) -> String {
+        format!("variables.known.transformMapEntry(i, k, {{k: {value}}})")
     }
 
     /// What the pod holds already that an asked-for volume would clash with, as the webhook
@@ -282,22 +310,27 @@ impl<'c> Cel<'c> {
     /// a volume of the pod's own by its name with other settings.
     fn clashes(&self) -> String {
         let n = self.volume();
-        let path = self.choose(|p| quote(p.mount.mount_path.as_deref().unwrap_or("")));
-        let other = self.choose_for("j", |p| quote(p.mount.mount_path.as_deref().unwrap_or("")));
-        let same = self.choose(|p| {
-            let source: Value = serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
-            let field = kind_field(p.compiled.kind);
-            let mut checks = vec![format!("has(v.{field})")];
-            cel::same_as(&format!("v.{field}"), &source, &mut checks);
-            format!("({})", checks.join(" && "))
-        });
+        let path = "variables.paths[k]";
+        // Compared as the webhook compares paths: `//`, `/./` and a trailing `/` aside.
+        let own = inline::normalized("m.mountPath");
+        let same = self.per_annotation(
+            |f| f.same(),
+            |p| {
+                let source: Value =
+                    serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
+                let field = kind_field(p.compiled.kind);
+                let mut checks = vec![format!("has(v.{field})")];
+                cel::same_as(&format!("v.{field}"), &source, &mut checks);
+                format!("({})", checks.join(" && "))
+            },
+        );
         format!(
             "variables.known.map(k, \
-             variables.known.exists(j, j < k && ({other}) == ({path})) \
-             ? 'volume \"' + {n} + '\" (annotation ' + k + '): it is mounted at ' + ({path}) + ', as the volume of annotation ' \
-               + variables.known.filter(j, j < k && ({other}) == ({path}))[0] + ' is' \
-             : object.spec.containers.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath == ({path}) && m.name != {n})) \
-             ? 'volume \"' + {n} + '\" (annotation ' + k + '): a container already mounts another volume at ' + ({path}) \
+             variables.known.exists(j, j < k && variables.paths[j] == {path}) \
+             ? 'volume \"' + {n} + '\" (annotation ' + k + '): it is mounted at ' + {path} + ', as the volume of annotation ' \
+               + variables.known.filter(j, j < k && variables.paths[j] == {path})[0] + ' is' \
+             : object.spec.containers.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, {own} == {path} && m.name != {n})) \
+             ? 'volume \"' + {n} + '\" (annotation ' + k + '): a container already mounts another volume at ' + {path} \
              : has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {n} && !({same})) \
              ? 'volume \"' + {n} + '\" (annotation ' + k + '): the pod already has a volume with this name, with other settings; rename one of them' \
              : '').filter(m, m != '')"
@@ -328,46 +361,95 @@ impl<'c> Cel<'c> {
         out
     }
 
-    fn names(&self) -> String {
-        list(self.served.iter().map(|(n, _)| *n))
+    /// Every problem of annotation `k` whose trimmed value is `v`: a CEL list of messages
+    /// (the webhook's refusals of a profile by name passed as `refused`).
+    fn problems(&self, refused: &[(&str, String)]) -> String {
+        let n = self.volume();
+        let known = list(self.profiles.iter().copied());
+        let defined = self.profiles.join(", ");
+        let origin = self.policy_origin;
+        let inline = match &self.inline {
+            Some(form) => format!(
+                "v.startsWith('{{') ? ['the JSON form is read by the webhook only: write key=value pairs or a profile name'] \
+                 : v.contains('=') ? ({})",
+                form.problems()
+            ),
+            None => format!(
+                "v.contains('profile=') ? ['the admission policies read a profile name only: profile=<name> with fields needs the webhook'] \
+                 : v.contains('=') || v.startsWith('{{') ? ['{origin}.allowInline is false: name one of the cluster\\'s profiles']"
+            ),
+        };
+        let mut by_name = format!(
+            "!(v in {known}) ? ['profile \"' + v + '\" is not defined (defined: {defined})']"
+        );
+        for (profile, why) in refused {
+            by_name.push_str(&format!(" : v == {} ? [{}]", quote(profile), quote(why)));
+        }
+        format!(
+            "(!({}) ? ['volume name \"' + {n} + '\" must be a DNS-1123 label'] : [])\n + ({inline}\n : {by_name} : [])",
+            self.good_name()
+        )
     }
 
-    fn variables(&self) -> Value {
-        json!([
-            {"name": "annotations",
-             "expression": "has(object.metadata.annotations) ? object.metadata.annotations : {}"},
-            {"name": "asked",
-             "expression": format!("variables.annotations.filter(k, k.startsWith({})).sort()",
-                                   quote(&self.prefix))},
-            {"name": "over", "expression": self.over()},
+    fn variables(&self, refused: &[(&str, String)]) -> Value {
+        let mut out = vec![
+            json!({"name": "annotations",
+                   "expression": "has(object.metadata.annotations) ? object.metadata.annotations : {}"}),
+            json!({"name": "asked",
+                   "expression": format!("variables.annotations.filter(k, k.startsWith({})).sort()",
+                                         quote(&self.prefix))}),
+            json!({"name": "over", "expression": self.over()}),
             // Past a count nothing more is read: the pod is refused for it alone.
-            {"name": "known",
-             "expression": format!(
-                 "variables.over != '' ? [] : \
-                  variables.asked.filter(k, variables.annotations[k].trim() in {} && {})",
-                 self.names(), self.good_name())},
-            {"name": "clashes", "expression": self.clashes()},
-            // Nothing is added to a pod with a clash: the validating policy refuses it, naming
-            // the annotation, instead of the API server refusing an invalid pod.
-            {"name": "served",
-             "expression": "variables.clashes.size() == 0 ? variables.known : []"},
-            {"name": "wanted",
-             "expression": format!(
-                 "variables.served.filter(k, \
-                  !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
-                 self.volume())},
-        ])
+            json!({"name": "values",
+                   "expression": "variables.over != '' ? {} : \
+                                  variables.asked.transformMapEntry(i, k, {k: variables.annotations[k].trim()})"}),
+        ];
+        if self.inline.is_some() {
+            for (name, expression) in Form::variables() {
+                out.push(json!({"name": name, "expression": expression}));
+            }
+        }
+        let mount_path = |p: &Profile| quote(p.mount.mount_path.as_deref().unwrap_or(""));
+        let read_only =
+            |p: &Profile| quote(&p.mount.read_only.map(|r| r.to_string()).unwrap_or_default());
+        let sub_path = |p: &Profile| quote(p.mount.sub_path.as_deref().unwrap_or(""));
+        let env = |p: &Profile| list(p.mount.env.iter().flatten().map(String::as_str));
+        out.extend([
+            json!({"name": "problems",
+                   "expression": format!("variables.values.transformMap(k, v, {})", self.problems(refused))}),
+            json!({"name": "known",
+                   "expression": "variables.asked.filter(k, k in variables.problems && variables.problems[k].size() == 0)"}),
+            json!({"name": "paths",
+                   "expression": Self::each_known(self.per_annotation(|_| Form::path(), mount_path))}),
+            json!({"name": "readOnly",
+                   "expression": Self::each_known(self.per_annotation(|_| Form::read_only(), read_only))}),
+            json!({"name": "subPaths",
+                   "expression": Self::each_known(self.per_annotation(|_| Form::sub_path(), sub_path))}),
+            json!({"name": "env",
+                   "expression": Self::each_known(self.per_annotation(|_| Form::env(), env))}),
+            json!({"name": "clashes", "expression": self.clashes()}),
+            // Nothing is added to a pod with a problem: the validating policy refuses it,
+            // naming the annotation, instead of the API server refusing an invalid pod.
+            json!({"name": "served",
+                   "expression": "variables.over == '' && variables.known.size() == variables.asked.size() \
+                                  && variables.clashes.size() == 0 ? variables.known : []"}),
+            json!({"name": "wanted",
+                   "expression": format!(
+                       "variables.served.filter(k, \
+                        !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
+                       self.volume())}),
+        ]);
+        Value::Array(out)
     }
 
     /// Whether the pod lacks anything the annotations ask for: a volume, a container's mount
     /// or variable.
     fn missing(&self) -> String {
         let n = self.volume();
-        let env = self.choose(|p| list(p.mount.env.iter().flatten().map(String::as_str)));
         format!(
             "variables.wanted.size() > 0 || object.spec.containers.exists(c, variables.served.exists(k, \
              !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})) \
-             || ({env}).exists(e, !(has(c.env) && c.env.exists(x, x.name == e)))))"
+             || variables.env[k].exists(e, !(has(c.env) && c.env.exists(x, x.name == e)))))"
         )
     }
 
@@ -375,34 +457,23 @@ impl<'c> Cel<'c> {
     /// annotation; nothing for a pod that has them all.
     fn patch(&self, cfg: &Config) -> String {
         let n = self.volume();
-        let volume = self.choose(|p| {
-            let source: Value = serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
-            let field = kind_field(p.compiled.kind);
-            format!(
-                "Object.spec.volumes{{name: {n}, {field}: {}}}",
-                typed(&format!("Object.spec.volumes.{field}"), &source)
-            )
-        });
-        let mount = self.choose(|p| {
-            let m = &p.mount;
-            let mut fields = vec![
-                format!("name: {n}"),
+        let volume = self.per_annotation(
+            |form| form.volume(&n),
+            |p| {
+                let source: Value =
+                    serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
+                let field = kind_field(p.compiled.kind);
                 format!(
-                    "mountPath: {}",
-                    quote(m.mount_path.as_deref().unwrap_or(""))
-                ),
-            ];
-            if let Some(ro) = m.read_only {
-                fields.push(format!("readOnly: {ro}"));
-            }
-            if let Some(sub) = &m.sub_path {
-                fields.push(format!("subPath: {}", quote(sub)));
-            }
-            format!(
-                "Object.spec.containers.volumeMounts{{{}}}",
-                fields.join(", ")
-            )
-        });
+                    "Object.spec.volumes{{name: {n}, {field}: {}}}",
+                    typed(&format!("Object.spec.volumes.{field}"), &source)
+                )
+            },
+        );
+        let mount = format!(
+            "Object.spec.containers.volumeMounts{{name: {n}, mountPath: variables.paths[k], \
+             ?readOnly: variables.readOnly[k] == '' ? optional.none() : optional.of(variables.readOnly[k] == 'true'), \
+             ?subPath: variables.subPaths[k] == '' ? optional.none() : optional.of(variables.subPaths[k])}}"
+        );
         let mut out = format!(
             "(variables.wanted.size() == 0 || has(object.spec.volumes) ? [] : \
              [JSONPatch{{op: 'add', path: '/spec/volumes', value: []}}])\n\
@@ -414,18 +485,15 @@ impl<'c> Cel<'c> {
              .map(k, JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/volumeMounts/-', value: {mount}}})\
              ).flatten()"
         );
-        if self
-            .served
-            .iter()
-            .any(|(_, p)| p.mount.env.as_ref().is_some_and(|e| !e.is_empty()))
+        if self.inline.is_some()
+            || self
+                .served
+                .iter()
+                .any(|(_, p)| p.mount.env.as_ref().is_some_and(|e| !e.is_empty()))
         {
-            let names = self.choose(|p| list(p.mount.env.iter().flatten().map(String::as_str)));
-            let path = self.choose(|p| quote(p.mount.mount_path.as_deref().unwrap_or("")));
-            let added = format!(
-                "variables.served.map(k, ({names}).filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
-                 .map(e, JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env/-', \
-                 value: Object.spec.containers.env{{name: e, value: {path}}}}})).flatten()"
-            );
+            let added = "variables.served.map(k, variables.env[k].filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
+                 .map(e, JSONPatch{op: 'add', path: '/spec/containers/' + string(i) + '/env/-', \
+                 value: Object.spec.containers.env{name: e, value: variables.paths[k]}})).flatten()";
             out.push_str(&format!(
                 "\n+ object.spec.containers.transformList(i, c,\n  ({added}.size() == 0 || has(c.env) ? [] : \
                  [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env', value: []}}])\n  + {added}).flatten()"
@@ -443,35 +511,12 @@ impl<'c> Cel<'c> {
         )
     }
 
-    /// The refusals, every problem of every annotation in one message (as the webhook says
-    /// them all at once): a volume name that is not a DNS label, a value that is not a
-    /// profile, a profile the policy refuses; more volumes than the policy allows.
-    fn validations(&self, cfg: &Config, refused: &[(&str, String)]) -> Value {
-        let n = self.volume();
-        let value = "variables.annotations[k].trim()";
-        let known = list(cfg.profiles.keys().map(String::as_str));
-        let defined = cfg.profiles.keys().cloned().collect::<Vec<_>>().join(", ");
-        let mut problem = format!(
-            "!({}) ? 'annotation ' + k + ': volume name \"' + {n} + '\" must be a DNS-1123 label'\n\
-             : !({value} in {known}) ? 'annotation ' + k + ': ' + (variables.annotations[k].contains('profile=') \
-             ? 'the admission policies read a profile name only: profile=<name> with fields needs the webhook' \
-             : variables.annotations[k].contains('=') || {value}.startsWith('{{') \
-             ? 'policy.allowInline is false: name one of the cluster\\'s profiles' \
-             : 'profile \"' + {value} + '\" is not defined (defined: {defined})')\n",
-            self.good_name()
-        );
-        for (profile, why) in refused {
-            problem.push_str(&format!(
-                ": {value} == {} ? 'annotation ' + k + ': ' + {}\n",
-                quote(profile),
-                quote(why)
-            ));
-        }
-        problem.push_str(": ''");
-        let problems = format!(
-            "variables.over != '' ? [variables.over] : \
-             variables.asked.map(k, ({problem})).filter(m, m != '') + variables.clashes"
-        );
+    /// The refusal, every problem of every annotation in one message (as the webhook says
+    /// them all at once), each annotation's problems after its name.
+    fn validations(&self) -> Value {
+        let problems = "variables.over != '' ? [variables.over] : \
+             variables.asked.filter(k, k in variables.problems && variables.problems[k].size() > 0)\
+             .map(k, 'annotation ' + k + ': ' + variables.problems[k].join('; ')) + variables.clashes";
         json!([{
             "expression": format!("({problems}).size() == 0"),
             "messageExpression": format!("({problems}).join('; ')"),
@@ -529,7 +574,6 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "policy.allowInline",
                 "rules",
                 "onError",
                 "profiles.c.containers",
@@ -560,7 +604,9 @@ mod tests {
             "Object.spec.volumes.ephemeral.volumeClaimTemplate.spec{accessModes: ['ReadWriteOnce']",
             "emptyDir: Object.spec.volumes.emptyDir{medium: 'Memory', sizeLimit: '1Gi'}",
             "csi: Object.spec.volumes.csi{driver: 'secrets-store.csi.k8s.io', volumeAttributes: {'secretProviderClass': 'db'}}",
-            "mountPath: '/mnt/secrets', readOnly: true",
+            "variables.values[k] == 'secrets' ? '/mnt/secrets'",
+            "variables.values[k] == 'secrets' ? 'true'",
+            "?readOnly: variables.readOnly[k] == '' ? optional.none()",
             "['TMPDIR']",
             "/metadata/annotations/injector.ephemeral-volumes.io~1injected",
             "\"reinvocationPolicy\":\"IfNeeded\"",
@@ -578,13 +624,101 @@ mod tests {
     fn a_profile_the_webhook_refuses_by_name_is_refused_with_its_reason_and_never_added() {
         // A profile without a mount path needs profile=bare,mountPath=… (the webhook's only).
         let p = compiled("  maxVolumesPerPod: 3\n");
-        let m = text(&p, "MutatingAdmissionPolicy");
+        let m = p.documents[0]["spec"]["mutations"].to_string();
         assert!(!m.contains("'bare'") && !m.contains("5Gi"), "{m}");
         let v = text(&p, "ValidatingAdmissionPolicy");
         assert!(
-            v.contains("== 'bare' ? 'annotation ' + k + ': ' + 'mountPath is required: profile \\\"bare\\\" does not set one'"),
+            v.contains(
+                "v == 'bare' ? ['mountPath is required: profile \\\"bare\\\" does not set one']"
+            ),
             "{v}"
         );
         assert!(v.contains("policy.maxVolumesPerPod allows 3"), "{v}");
+    }
+
+    #[test]
+    fn the_key_value_form_is_read_only_when_the_policy_allows_it() {
+        let closed = compiled("");
+        let v = text(&closed, "ValidatingAdmissionPolicy");
+        assert!(v.contains("policy.allowInline is false"), "{v}");
+        assert!(!v.contains("variables.kv"), "{v}");
+        let cfg = Config::parse(PROFILES).unwrap();
+        let open = compile(&cfg, "evi", &[]).unwrap();
+        let v = text(&open, "ValidatingAdmissionPolicy");
+        assert!(
+            !v.contains("policy.allowInline is false") && v.contains("variables.kv"),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
+        let cfg = Config::parse(&format!(
+            "{PROFILES}policy:\n  types: [emptyDir, ephemeral]\n  csiDrivers: [secrets-store.csi.k8s.io]\n  \
+             storageClasses: [gp3]\n  maxSize: {{emptyDir: 100Gi, memory: 8Gi, ephemeral: 1Ti}}\n  \
+             requireSizeLimit: true\n  defaultSizeLimit: 4Gi\n"
+        ))
+        .unwrap();
+        let p = compile(&cfg, "evi", &[]).unwrap();
+        let v = text(&p, "ValidatingAdmissionPolicy");
+        for part in [
+            // each field: read, checked, or refused as the webhook's only
+            "is not a key=value pair",
+            "unknown field",
+            "is given twice",
+            "is empty",
+            "attr. needs a key",
+            "needs the JSON form",
+            "in ['profile', 'containers', 'initContainers']",
+            "size=request: the admission policies",
+            "no volume source",
+            "is not one of emptyDir, csi, ephemeral",
+            "does not apply to type=",
+            "isQuantity(variables.kv[k]['size'])",
+            "is zero, which is no limit at all",
+            "is not one of \\\"\\\" (node disk), Memory, HugePages",
+            "is not one of ReadWriteOnce, ReadOnlyMany, ReadWriteMany, ReadWriteOncePod",
+            "is not a DNS-1123 subdomain",
+            "type=ephemeral needs size=",
+            "type=csi needs driver=",
+            "mountPath is required",
+            "must be an absolute path",
+            "is the container\\\\'s root",
+            "readOnly must be true or false",
+            "must be a relative path",
+            "is not a valid environment variable name",
+            // each limit, with its value
+            "is not allowed by policy.types (emptyDir, ephemeral)",
+            "in ['secrets-store.csi.k8s.io']",
+            "is not in policy.csiDrivers (secrets-store.csi.k8s.io)",
+            "is not in policy.storageClasses (gp3)",
+            "a storage class is required by policy.storageClasses (gp3)",
+            "isGreaterThan(quantity('100Gi'))",
+            "exceeds policy.maxSize.memory (8Gi)",
+            "exceeds policy.maxSize.ephemeral (1Ti)",
+        ] {
+            assert!(v.contains(part), "{part} not in {v}");
+        }
+        let m = text(&p, "MutatingAdmissionPolicy");
+        for part in [
+            "?medium: variables.kv[k][?'medium']",
+            ": optional.of('4Gi'))",
+            "?fsType: variables.kv[k][?'fsType']",
+            "f.startsWith('attr.') && f.size() > 5, {f.substring(5): x}",
+            "accessModes: [variables.kv[k][?'accessMode'].orValue('ReadWriteOnce')]",
+            "?storageClassName: variables.kv[k][?'storageClass']",
+            "split('/').filter(x, x != '' && x != '.').join('/')",
+            "variables.kv[k]['env'].split(';')",
+        ] {
+            assert!(m.contains(part), "{part} not in {m}");
+        }
+        // Without limits, none is compiled.
+        let free = text(
+            &compile(&Config::parse(PROFILES).unwrap(), "evi", &[]).unwrap(),
+            "ValidatingAdmissionPolicy",
+        );
+        for part in ["maxSize", "storageClasses", "csiDrivers", "4Gi"] {
+            assert!(!free.contains(part), "{part} in {free}");
+        }
     }
 }
