@@ -60,8 +60,9 @@ pub enum Command {
     /// `helm test`); a failure names its cause.
     CheckInstall(crate::install_check::CheckInstallArgs),
     /// Compile the configuration into admission policies the API server runs itself
-    /// (MutatingAdmissionPolicy and ValidatingAdmissionPolicy with their bindings, Kubernetes
-    /// 1.36+), printed as YAML for `kubectl apply -f -`. What they cannot do that the webhook
+    /// (a MutatingAdmissionPolicy for pods, ValidatingAdmissionPolicies for pods and for the
+    /// pod controllers whose template asks, with their bindings; Kubernetes 1.36+), printed as
+    /// YAML for `kubectl apply -f -`. What they cannot do that the webhook
     /// does is said on stderr and in a comment; a configuration they would serve otherwise is
     /// refused (exit 2), naming the key. docs/policies.md: when to pick which.
     Policies(PoliciesArgs),
@@ -79,7 +80,8 @@ pub struct PoliciesArgs {
     /// reads); built-in defaults without it.
     #[arg(long, env = "EVI_CONFIG")]
     pub config: Option<PathBuf>,
-    /// The name of the policies and their bindings.
+    /// The name of the policies and their bindings (the pod controllers' policies add
+    /// `-workloads` and `-cronjobs` to it).
     #[arg(long, default_value = "ephemeral-volume-injector")]
     pub name: String,
     /// A namespace the policies leave alone (repeatable), as the chart's

@@ -24,6 +24,7 @@ use crate::{
     engine::{PodLocation, decide},
     pod::PodView,
     volume::{InitTargets, Profile, VolumeKind},
+    workload::{TemplateAt, WORKLOADS},
 };
 
 use self::{
@@ -44,7 +45,7 @@ pub struct Unsupported {
 /// The compiled policies and what they leave to the webhook.
 #[derive(Debug)]
 pub struct Policies {
-    /// The four objects, in the order to apply them: the policies, then their bindings.
+    /// The objects, in the order to apply them: the policies, then their bindings.
     pub documents: Vec<Value>,
     /// What the policies do not do that the webhook does, for this configuration.
     pub notes: Vec<String>,
@@ -168,7 +169,8 @@ fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
     }
 }
 
-/// Compiles the configuration; `name` names the four objects.
+/// Compiles the configuration; `name` names the objects (the workload policies `<name>-workloads`
+/// and `<name>-cronjobs`).
 pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies, Vec<Unsupported>> {
     let refused = unsupported(cfg);
     if !refused.is_empty() {
@@ -204,33 +206,109 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
                  "variables": variables,
                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": at.patch(cfg)}}]}
     });
-    let validating = json!({
+    let mut validating = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
         "spec": {"matchConstraints": constraints, "matchConditions": conditions,
-                 "failurePolicy": "Fail", "variables": at.variables(&refused),
-                 "validations": at.validations()}
+                 "failurePolicy": "Fail"}
     });
-    let binding = |kind: &str, extra: Value| {
-        let mut spec = json!({"policyName": name,
+    if let (Some(spec), Value::Object(checks)) = (
+        validating["spec"].as_object_mut(),
+        validating_spec(&at, &refused),
+    ) {
+        spec.extend(checks);
+    }
+    let binding = |kind: &str, policy: &str| {
+        let mut spec = json!({"policyName": policy,
                               "matchResources": {"namespaceSelector": selector}});
-        if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
-            spec.extend(extra);
+        if kind.starts_with("Validating") {
+            spec["validationActions"] = json!(["Deny"]);
         }
         json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
-               "metadata": {"name": name}, "spec": spec})
+               "metadata": {"name": policy}, "spec": spec})
     };
+    let mut documents = vec![mutating, validating];
+    let mut bindings = vec![
+        binding("MutatingAdmissionPolicyBinding", name),
+        binding("ValidatingAdmissionPolicyBinding", name),
+    ];
+    for at_template in [TemplateAt::Spec, TemplateAt::JobSpec] {
+        let policy = workload_policy(
+            name,
+            &at.prefix,
+            at_template,
+            &validating_spec(&at, &refused),
+        );
+        bindings.push(binding(
+            "ValidatingAdmissionPolicyBinding",
+            policy["metadata"]["name"].as_str().unwrap_or(name),
+        ));
+        documents.push(policy);
+    }
+    documents.extend(bindings);
     Ok(Policies {
-        documents: vec![
-            mutating,
-            validating,
-            binding("MutatingAdmissionPolicyBinding", json!({})),
-            binding(
-                "ValidatingAdmissionPolicyBinding",
-                json!({"validationActions": ["Deny"]}),
-            ),
-        ],
+        documents,
         notes: notes(cfg),
+    })
+}
+
+/// The validating policy's variables and validations, for a pod at `object`.
+fn validating_spec(at: &Cel, refused: &[(&str, String)]) -> Value {
+    json!({"variables": at.variables(refused), "validations": at.validations()})
+}
+
+/// The refusal of a pod controller whose pod template would be refused, with the pod's
+/// message (as `/validate` does): the pod's checks read from the template, at its creation
+/// and at an update that changes the template. One policy per place a template is kept, so
+/// that each is type-checked against the kinds that keep it there.
+fn workload_policy(name: &str, prefix: &str, at_template: TemplateAt, pod: &Value) -> Value {
+    let root = at_template.cel();
+    let (suffix, old) = match at_template {
+        TemplateAt::Spec => ("workloads", "oldObject.spec.template"),
+        TemplateAt::JobSpec => ("cronjobs", "oldObject.spec.jobTemplate.spec.template"),
+    };
+    let rules: Vec<Value> = WORKLOADS
+        .iter()
+        .filter(|w| w.template == at_template)
+        .map(|w| {
+            json!({"apiGroups": [w.group], "apiVersions": [w.version],
+                   "operations": ["CREATE", "UPDATE"], "resources": [w.resource]})
+        })
+        .collect();
+    let rooted = pod.to_string().replace("object.", &format!("{root}."));
+    let rooted: Value = serde_json::from_str(&rooted).unwrap_or(Value::Null);
+    let has_path = |path: &str| {
+        let mut out = Vec::new();
+        let mut at = String::new();
+        for part in path.split('.') {
+            if !at.is_empty() {
+                at.push('.');
+            }
+            at.push_str(part);
+            if at.contains('.') {
+                out.push(format!("has({at})"));
+            }
+        }
+        out.join(" && ")
+    };
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": format!("{name}-{suffix}")},
+        "spec": {
+            "matchConstraints": {"resourceRules": rules},
+            "matchConditions": [
+                // An update that leaves the template as it was is not checked (as the chart's
+                // workload webhook is not sent it).
+                {"name": "creates-or-changes-the-template", "expression": format!(
+                    "request.operation == 'CREATE' || !({}) || {root} != {old}", has_path(old))},
+                {"name": "template-asks-for-volumes", "expression": format!(
+                    "{} && {root}.metadata.annotations.exists(k, k.startsWith({}))",
+                    has_path(&format!("{root}.metadata.annotations")), quote(prefix))},
+            ],
+            "failurePolicy": "Fail",
+            "variables": rooted["variables"],
+            "validations": rooted["validations"],
+        }
     })
 }
 
@@ -595,7 +673,11 @@ mod tests {
             [
                 "MutatingAdmissionPolicy",
                 "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicy",
                 "MutatingAdmissionPolicyBinding",
+                "ValidatingAdmissionPolicyBinding",
+                "ValidatingAdmissionPolicyBinding",
                 "ValidatingAdmissionPolicyBinding"
             ]
         );
@@ -719,6 +801,54 @@ mod tests {
         );
         for part in ["maxSize", "storageClasses", "csiDrivers", "4Gi"] {
             assert!(!free.contains(part), "{part} in {free}");
+        }
+    }
+
+    #[test]
+    fn a_workload_is_checked_at_its_template_with_the_pods_checks() {
+        let p = compiled("");
+        let policy = |name: &str| {
+            p.documents
+                .iter()
+                .find(|d| d["metadata"]["name"] == name && d["kind"] == "ValidatingAdmissionPolicy")
+                .unwrap()
+        };
+        let pod = policy("evi");
+        for (name, root, kinds) in [
+            ("evi-workloads", "object.spec.template", 6),
+            ("evi-cronjobs", "object.spec.jobTemplate.spec.template", 1),
+        ] {
+            let w = policy(name);
+            assert_eq!(
+                w["spec"]["matchConstraints"]["resourceRules"]
+                    .as_array()
+                    .unwrap()
+                    .len(),
+                kinds
+            );
+            let checks = w["spec"]["validations"].to_string();
+            assert_eq!(
+                checks,
+                pod["spec"]["validations"]
+                    .to_string()
+                    .replace("object.", &format!("{root}."))
+            );
+            let variables = w["spec"]["variables"].to_string();
+            assert!(
+                !variables
+                    .replace(&format!("{root}."), "")
+                    .contains("object."),
+                "{variables}"
+            );
+            assert!(
+                w["spec"]["matchConditions"]
+                    .to_string()
+                    .contains("request.operation == 'CREATE'")
+            );
+            let bound = p.documents.iter().any(|d| {
+                d["kind"] == "ValidatingAdmissionPolicyBinding" && d["spec"]["policyName"] == name
+            });
+            assert!(bound, "{name} has no binding");
         }
     }
 }

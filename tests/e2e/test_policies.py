@@ -338,3 +338,60 @@ def test_with_the_policies_and_the_webhook_both_on_a_pod_is_what_the_webhook_alo
     assert (webhook.returncode == 0) == (together.returncode == 0), (webhook.stderr, together.stderr)
     if webhook.returncode == 0:
         assert_same(*(without_token_mounts(json.loads(r.stdout)) for r in (webhook, together)), label)
+
+
+def workload(kind: str, namespace: str, annotations: dict, spec: dict) -> dict:
+    """A Job (as Nextflow submits it), a CronJob or a Deployment whose pod template is the
+    case's pod."""
+    job = nextflow_job(None, namespace, annotations)
+    job["spec"]["template"]["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k != "field"})
+    if kind == "Job":
+        return job
+    template = job["spec"]["template"]
+    if kind == "CronJob":
+        return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"generateName": "nf-", "namespace": namespace},
+                "spec": {"schedule": "0 0 * * *", "jobTemplate": {"spec": {"template": template}}}}
+    template["metadata"]["labels"] = {"app": "parity"}
+    template["spec"]["restartPolicy"] = "Always"
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"generateName": "nf-", "namespace": namespace},
+            "spec": {"selector": {"matchLabels": {"app": "parity"}}, "template": template}}
+
+
+# Every case as a Job; every other refusal as a CronJob and a Deployment too.
+WORKLOAD_CASES = [("Job", *c) for c in CASES] + [
+    (kind, *c) for c in [c for c in CASES if c[0].startswith("refused")][::2] for kind in ("CronJob", "Deployment")]
+
+
+@pytest.mark.parametrize("kind,label,annotations,spec", WORKLOAD_CASES, ids=[f"{c[0]}: {c[1]}" for c in WORKLOAD_CASES])
+def test_a_workload_whose_pods_would_be_refused_is_refused_itself_either_way(cluster, release, policies, kind, label,
+                                                                          annotations, spec):
+    """`/validate` and the workload policies: a Job (what Nextflow's Job mode watches), a
+    CronJob or a Deployment is refused at its creation, naming the same annotations, when its
+    pods would be; admitted otherwise."""
+    webhook, policy = (cluster.create(workload(kind, ns, annotations, spec), "--dry-run=server", check=False)
+                       for ns in (WEBHOOK_NS, POLICIES_NS))
+    assert (webhook.returncode == 0) == (policy.returncode == 0), (label, webhook.stderr, policy.stderr)
+    if webhook.returncode != 0:
+        assert "ValidatingAdmissionPolicy 'ephemeral-volume-injector-" in policy.stderr, policy.stderr
+        assert named(policy.stderr) == named(webhook.stderr), (webhook.stderr, policy.stderr)
+
+
+def test_an_update_that_changes_a_deployments_template_is_checked_either_way(cluster, release, policies):
+    """The template of an existing Deployment changed to ask for what is refused: refused by
+    both; a change that leaves the template alone is not checked by either."""
+    for ns in (WEBHOOK_NS, POLICIES_NS):
+        d = workload("Deployment", ns, {f"{P}/tmp": "shm"}, {})
+        d["metadata"] = {"name": "parity-update", "namespace": ns}
+        cluster.create(d)
+    results = []
+    for ns in (WEBHOOK_NS, POLICIES_NS):
+        patch = json.dumps({"spec": {"template": {"metadata": {"annotations": {f"{P}/tmp": "type=emptyDir,size=1Ti,mountPath=/t"}}}}})
+        results.append(cluster.kubectl("patch", "deployment", "parity-update", "-n", ns, "--type=merge", "-p", patch,
+                                       "--dry-run=server", check=False))
+        label = cluster.kubectl("label", "deployment", "parity-update", "-n", ns, "team=a", "--dry-run=server",
+                                check=False)
+        assert label.returncode == 0, label.stderr
+    webhook, policy = results
+    assert webhook.returncode != 0 and policy.returncode != 0, (webhook.stderr, policy.stderr)
+    assert named(webhook.stderr) == named(policy.stderr) == {f"{P}/tmp"}
+    assert "maxSize.emptyDir" in webhook.stderr and "maxSize.emptyDir" in policy.stderr
