@@ -43,6 +43,13 @@ const ACCESS_MODES: [&str; 4] = [
 const SUBDOMAIN: &str =
     "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$";
 
+/// The longest value in key=value form the policies read, and the most pairs (commas + 1):
+/// the API server's runtime cost limit (1,000,000 for one evaluation, the variables it reads
+/// included) holds for 64 of them. The webhook reads up to 16 KiB; a longer value is refused
+/// here, naming the bound.
+pub const MAX_VALUE: usize = 1024;
+pub const MAX_PAIRS: usize = 32;
+
 /// The pairs of annotation `k` (`variables.pairs[k]`: `[key, value]`, or `[text]` for a pair
 /// without `=`) and its fields (`variables.kv[k]`: the first value of each key).
 const KV: &str = "variables.kv[k]";
@@ -89,21 +96,39 @@ impl<'p> Form<'p> {
     }
 
     /// The variables the form is read into, after `values` (the trimmed value of each asked
-    /// annotation): `pairs` and `kv`, for the values in key=value form only.
-    pub fn variables() -> [(&'static str, String); 2] {
+    /// annotation): `pairs`, the keys given more than once (`twice`, found by sorting: linear,
+    /// where comparing pairs with pairs is not) and `kv` (empty when a key is given twice),
+    /// and the names of `env` (`envs`), for the values in key=value form of at most
+    /// [`MAX_VALUE`] characters and [`MAX_PAIRS`] pairs only.
+    pub fn variables() -> [(&'static str, String); 4] {
         [
             (
                 "pairs",
-                "variables.values.transformMapEntry(k, v, v.contains('=') && !v.startsWith('{'), \
-                 {k: v.split(',').map(p, p.trim()).filter(p, p != '').map(p, p.contains('=') \
-                 ? [p.substring(0, p.indexOf('=')).trim(), p.substring(p.indexOf('=') + 1).trim()] \
-                 : [p])})"
+                format!(
+                    "variables.values.transformMapEntry(k, v, v.contains('=') && !v.startsWith('{{') \
+                     && v.size() <= {MAX_VALUE} && v.split(',').size() <= {MAX_PAIRS}, \
+                     {{k: v.split(',').map(p, p.trim()).filter(p, p != '').map(p, p.contains('=') \
+                     ? [p.substring(0, p.indexOf('=')).trim(), p.substring(p.indexOf('=') + 1).trim()] \
+                     : [p])}})"
+                ),
+            ),
+            (
+                "twice",
+                "variables.pairs.transformMap(k, ps, ps.filter(p, p.size() == 2).map(p, p[0]).sort())\
+                 .transformMap(k, keys, keys.transformList(i, f, i > 0 && keys[i - 1] == f \
+                 && (i == 1 || keys[i - 2] != f), f))"
                     .to_owned(),
             ),
             (
                 "kv",
-                "variables.pairs.transformMap(k, ps, ps.transformMapEntry(i, p, \
-                 p.size() == 2 && !ps.exists(j, q, j < i && q[0] == p[0]), {p[0]: p[1]}))"
+                "variables.pairs.transformMap(k, ps, variables.twice[k].size() > 0 ? {} \
+                 : ps.filter(p, p.size() == 2).transformMapEntry(i, p, {p[0]: p[1]}))"
+                    .to_owned(),
+            ),
+            (
+                "envs",
+                "variables.kv.transformMap(k, f, 'env' in f \
+                 ? f['env'].split(';').map(e, e.trim()).filter(e, e != '') : [])"
                     .to_owned(),
             ),
         ]
@@ -112,7 +137,7 @@ impl<'p> Form<'p> {
     /// Every problem of annotation `k`'s pairs: a CEL list of messages (without the
     /// annotation's name), empty when the webhook would serve it as the policies do.
     pub fn problems(&self) -> String {
-        let mut out = vec![
+        let pairs = [
             format!(
                 "{PAIRS}.filter(p, p.size() == 1).map(p, '\"' + p[0] + '\" is not a key=value pair \
                  (values cannot contain commas; use the JSON form)')"
@@ -122,10 +147,9 @@ impl<'p> Form<'p> {
                  .map(p, 'unknown field \"' + p[0] + '\"')",
                 list(FIELDS)
             ),
-            format!(
-                "{KV}.filter(f, {PAIRS}.filter(p, p.size() == 2 && p[0] == f).size() > 1)\
-                 .map(f, f + ' is given twice')"
-            ),
+            "variables.twice[k].map(f, f + ' is given twice')".to_owned(),
+        ];
+        let mut out = vec![
             format!(
                 "{KV}.filter(f, (f in {} || f.startsWith('attr.')) && f != 'readOnly' && f != 'attr.' \
                  && {KV}[f] == '').map(f, f + ' is empty')",
@@ -174,7 +198,12 @@ impl<'p> Form<'p> {
         out.push(self.size());
         out.extend(self.source_fields());
         out.extend(mount_fields());
-        out.join("\n + ")
+        // A key given twice leaves the fields unread (`kv` is empty): its pairs' problems only.
+        format!(
+            "{}\n + (variables.twice[k].size() > 0 ? [] : {})",
+            pairs.join("\n + "),
+            out.join("\n + ")
+        )
     }
 
     /// The size: a quantity above zero, within the policy's cap for the volume's kind.
@@ -224,7 +253,6 @@ impl<'p> Form<'p> {
     /// size an ephemeral volume cannot do without.
     fn source_fields(&self) -> Vec<String> {
         let t = kind();
-        let p = &self.policy.origin;
         let mut out = vec![
             when(
                 &format!(
@@ -281,6 +309,15 @@ impl<'p> Form<'p> {
                 ),
             ),
         ];
+        out.extend(self.allowlists());
+        out
+    }
+
+    /// `storageClasses` and `csiDrivers`: the classes and drivers the form may name.
+    fn allowlists(&self) -> Vec<String> {
+        let t = kind();
+        let p = &self.policy.origin;
+        let mut out = Vec::new();
         if let Some(classes) = &self.policy.storage_classes {
             let allowed = classes.join(", ");
             out.push(format!(
@@ -403,13 +440,9 @@ impl<'p> Form<'p> {
         format!("{KV}[?'subPath'].orValue('')")
     }
 
-    /// Annotation `k`'s variables: the names of its `env`.
+    /// Annotation `k`'s variables: the names of its `env` (split once, in `envs`).
     pub fn env() -> String {
-        format!(
-            "({} ? {}.split(';').map(e, e.trim()).filter(e, e != '') : [])",
-            has("env"),
-            get("env")
-        )
+        "variables.envs[k]".to_owned()
     }
 }
 
@@ -476,7 +509,9 @@ fn mount_fields() -> Vec<String> {
             dot_dot(&sub)
         ),
         format!(
-            "({} ? ({env}.size() == 0 ? ['env is empty'] : {env}.filter(e, !e.matches('^[A-Za-z_.-][A-Za-z0-9_.-]*$'))\
+            "({} ? ({env}.size() == 0 ? ['env is empty'] \
+             : {env}.size() > {MAX_PAIRS} ? ['env lists ' + string({env}.size()) + ' names; the admission policies read at most {MAX_PAIRS}'] \
+             : {env}.filter(e, !e.matches('^[A-Za-z_.-][A-Za-z0-9_.-]*$'))\
              .map(e, 'env name \"' + e + '\" is not a valid environment variable name')) : [])",
             given("env"),
             env = Form::env()

@@ -14,22 +14,26 @@
 
 mod cel;
 mod inline;
+mod workloads;
 
 use serde_json::{Value, json};
 
 use crate::{
     config::{Config, Mode, OnError},
     decision::Decision,
+    echo::MESSAGE_LIMIT,
     engine::bounds::MAX_VOLUMES,
     engine::{PodLocation, decide},
     pod::PodView,
+    validate::MAX_PROBLEMS,
     volume::{InitTargets, Profile, VolumeKind},
-    workload::{TemplateAt, WORKLOADS},
+    workload::TemplateAt,
 };
 
 use self::{
     cel::{list, quote, typed},
     inline::Form,
+    workloads::workload_policy,
 };
 
 /// A key of the configuration the policies would give another meaning.
@@ -189,35 +193,7 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
     let at = Cel::new(cfg, &served);
     let selector = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name",
                                                  "operator": "NotIn", "values": exclude}]});
-    let constraints = json!({"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                 "operations": ["CREATE"], "resources": ["pods"]}]});
-    let conditions = json!([{"name": "asks", "expression": format!(
-        "has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith({}))",
-        quote(&at.prefix))}]);
-    let mut variables = at.variables(&refused);
-    if let Value::Array(v) = &mut variables {
-        v.push(json!({"name": "missing", "expression": at.missing()}));
-    }
-    let mutating = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {"matchConstraints": constraints, "matchConditions": conditions,
-                 "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
-                 "variables": variables,
-                 "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": at.patch(cfg)}}]}
-    });
-    let mut validating = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {"matchConstraints": constraints, "matchConditions": conditions,
-                 "failurePolicy": "Fail"}
-    });
-    if let (Some(spec), Value::Object(checks)) = (
-        validating["spec"].as_object_mut(),
-        validating_spec(&at, &refused),
-    ) {
-        spec.extend(checks);
-    }
+    let (mutating, validating) = pod_policies(cfg, name, &at, &refused);
     let binding = |kind: &str, policy: &str| {
         let mut spec = json!({"policyName": policy,
                               "matchResources": {"namespaceSelector": selector}});
@@ -245,6 +221,13 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
         ));
         documents.push(policy);
     }
+    documents.push(too_many_annotations(name, &at.prefix));
+    let mut warn = binding(
+        "ValidatingAdmissionPolicyBinding",
+        &format!("{name}-bounds"),
+    );
+    warn["spec"]["validationActions"] = json!(["Warn"]);
+    bindings.push(warn);
     documents.extend(bindings);
     Ok(Policies {
         documents,
@@ -252,64 +235,69 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
     })
 }
 
+/// The pod's mutating and validating policies.
+fn pod_policies(cfg: &Config, name: &str, at: &Cel, refused: &[(&str, String)]) -> (Value, Value) {
+    let constraints = json!({"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                 "operations": ["CREATE"], "resources": ["pods"]}]});
+    let conditions = json!([{"name": "asks", "expression": format!(
+        "has(object.metadata.annotations) && size(object.metadata.annotations) <= {MAX_ANNOTATIONS} \
+         && object.metadata.annotations.exists(k, k.startsWith({}))",
+        quote(&at.prefix))}]);
+    let mut variables = at.variables(refused);
+    if let Value::Array(v) = &mut variables {
+        v.push(json!({"name": "missing", "expression": at.missing()}));
+    }
+    let mutating = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"matchConstraints": constraints, "matchConditions": conditions,
+                 "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
+                 "variables": variables,
+                 "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": at.patch(cfg)}}]}
+    });
+    let mut validating = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"matchConstraints": constraints, "matchConditions": conditions,
+                 "failurePolicy": "Fail"}
+    });
+    if let (Some(spec), Value::Object(checks)) = (
+        validating["spec"].as_object_mut(),
+        validating_spec(at, refused),
+    ) {
+        spec.extend(checks);
+    }
+    (mutating, validating)
+}
+
+/// The most annotations of a pod (or a pod template) the policies read. The API server's CEL
+/// iterates a map of annotations in time that grows with the square of their number (48,000
+/// cost it ~4 s, 6,000 nothing measurable); past this bound the policies do not look at them,
+/// so that no pod, asking or not, costs the API server more than a few milliseconds in them.
+pub const MAX_ANNOTATIONS: usize = 4096;
+
+/// A warning for a pod with more annotations than the policies read: it is admitted as it
+/// is (a pod that asks for nothing is never refused), and told that none is served.
+fn too_many_annotations(name: &str, prefix: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": format!("{name}-bounds")},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                    "operations": ["CREATE"], "resources": ["pods"]}]},
+            "matchConditions": [{"name": "too-many-annotations", "expression": format!(
+                "has(object.metadata.annotations) && size(object.metadata.annotations) > {MAX_ANNOTATIONS}")}],
+            "failurePolicy": "Fail",
+            "validations": [{"expression": "false", "messageExpression": format!(
+                "'the pod has ' + string(size(object.metadata.annotations)) + ' annotations, more than the \
+                 {MAX_ANNOTATIONS} the admission policies read: no {prefix}* annotation of it is served'")}],
+        }
+    })
+}
+
 /// The validating policy's variables and validations, for a pod at `object`.
 fn validating_spec(at: &Cel, refused: &[(&str, String)]) -> Value {
     json!({"variables": at.variables(refused), "validations": at.validations()})
-}
-
-/// The refusal of a pod controller whose pod template would be refused, with the pod's
-/// message (as `/validate` does): the pod's checks read from the template, at its creation
-/// and at an update that changes the template. One policy per place a template is kept, so
-/// that each is type-checked against the kinds that keep it there.
-fn workload_policy(name: &str, prefix: &str, at_template: TemplateAt, pod: &Value) -> Value {
-    let root = at_template.cel();
-    let (suffix, old) = match at_template {
-        TemplateAt::Spec => ("workloads", "oldObject.spec.template"),
-        TemplateAt::JobSpec => ("cronjobs", "oldObject.spec.jobTemplate.spec.template"),
-    };
-    let rules: Vec<Value> = WORKLOADS
-        .iter()
-        .filter(|w| w.template == at_template)
-        .map(|w| {
-            json!({"apiGroups": [w.group], "apiVersions": [w.version],
-                   "operations": ["CREATE", "UPDATE"], "resources": [w.resource]})
-        })
-        .collect();
-    let rooted = pod.to_string().replace("object.", &format!("{root}."));
-    let rooted: Value = serde_json::from_str(&rooted).unwrap_or(Value::Null);
-    let has_path = |path: &str| {
-        let mut out = Vec::new();
-        let mut at = String::new();
-        for part in path.split('.') {
-            if !at.is_empty() {
-                at.push('.');
-            }
-            at.push_str(part);
-            if at.contains('.') {
-                out.push(format!("has({at})"));
-            }
-        }
-        out.join(" && ")
-    };
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": format!("{name}-{suffix}")},
-        "spec": {
-            "matchConstraints": {"resourceRules": rules},
-            "matchConditions": [
-                // An update that leaves the template as it was is not checked (as the chart's
-                // workload webhook is not sent it).
-                {"name": "creates-or-changes-the-template", "expression": format!(
-                    "request.operation == 'CREATE' || !({}) || {root} != {old}", has_path(old))},
-                {"name": "template-asks-for-volumes", "expression": format!(
-                    "{} && {root}.metadata.annotations.exists(k, k.startsWith({}))",
-                    has_path(&format!("{root}.metadata.annotations")), quote(prefix))},
-            ],
-            "failurePolicy": "Fail",
-            "variables": rooted["variables"],
-            "validations": rooted["validations"],
-        }
-    })
 }
 
 /// The CEL of one configuration's policies.
@@ -449,8 +437,14 @@ impl<'c> Cel<'c> {
         let inline = match &self.inline {
             Some(form) => format!(
                 "v.startsWith('{{') ? ['the JSON form is read by the webhook only: write key=value pairs or a profile name'] \
+                 : v.contains('=') && v.size() > {max} ? ['the value is ' + string(v.size()) + ' characters long; \
+                 the admission policies read key=value values of at most {max} (a profile holds a longer one)'] \
+                 : v.contains('=') && v.split(',').size() > {pairs} ? ['the value has ' + string(v.split(',').size()) + \
+                 ' comma-separated parts; the admission policies read key=value values of at most {pairs} (a profile holds more)'] \
                  : v.contains('=') ? ({})",
-                form.problems()
+                form.problems(),
+                max = inline::MAX_VALUE,
+                pairs = inline::MAX_PAIRS,
             ),
             None => format!(
                 "v.contains('profile=') ? ['the admission policies read a profile name only: profile=<name> with fields needs the webhook'] \
@@ -592,12 +586,19 @@ impl<'c> Cel<'c> {
     /// The refusal, every problem of every annotation in one message (as the webhook says
     /// them all at once), each annotation's problems after its name.
     fn validations(&self) -> Value {
-        let problems = "variables.over != '' ? [variables.over] : \
-             variables.asked.filter(k, k in variables.problems && variables.problems[k].size() > 0)\
-             .map(k, 'annotation ' + k + ': ' + variables.problems[k].join('; ')) + variables.clashes";
+        // At most MAX_PROBLEMS of each annotation and of the pod, as the webhook says them.
+        let problems = format!(
+            "variables.over != '' ? [variables.over] : \
+             (variables.asked.filter(k, k in variables.problems && variables.problems[k].size() > 0)\
+             .map(k, 'annotation ' + k + ': ' + variables.problems[k].transformList(i, m, i < {MAX_PROBLEMS}, m).join('; ')) \
+             + variables.clashes).transformList(i, m, i < {MAX_PROBLEMS}, m)"
+        );
         json!([{
             "expression": format!("({problems}).size() == 0"),
-            "messageExpression": format!("({problems}).join('; ')"),
+            "messageExpression": format!(
+                "({problems}).join('; ').size() > {MESSAGE_LIMIT} ? ({problems}).join('; ').substring(0, {MESSAGE_LIMIT}) + '…' \
+                 : ({problems}).join('; ')"
+            ),
             "reason": "Invalid",
         }])
     }
@@ -613,242 +614,4 @@ fn kind_field(kind: VolumeKind) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const PROFILES: &str = "profiles:
-  scratch: {mountPath: /scratch, env: [TMPDIR], ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], storageClassName: gp3, resources: {requests: {storage: 200Gi}}}}}}
-  shm: {mountPath: /dev/shm, emptyDir: {medium: Memory, sizeLimit: 1Gi}}
-  secrets: {mountPath: /mnt/secrets, readOnly: true, csi: {driver: secrets-store.csi.k8s.io, volumeAttributes: {secretProviderClass: db}}}
-  bare: {emptyDir: {sizeLimit: 5Gi}}
-";
-
-    fn compiled(policy: &str) -> Policies {
-        let cfg = Config::parse(&format!(
-            "{PROFILES}policy:\n  allowInline: false\n{policy}"
-        ))
-        .unwrap();
-        compile(&cfg, "evi", &["kube-system".to_owned()]).unwrap()
-    }
-
-    fn text(p: &Policies, kind: &str) -> String {
-        let doc = p.documents.iter().find(|d| d["kind"] == kind).unwrap();
-        doc.to_string()
-    }
-
-    #[test]
-    fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key() {
-        let cfg = Config::parse(
-            "onError: warn\nprofiles:\n  r: {mountPath: /r, size: request, emptyDir: {}}\n  \
-             c: {mountPath: /c, containers: [main], emptyDir: {}}\n\
-             rules:\n  - name: x\n    volumes:\n      v: {profile: c}\n",
-        )
-        .unwrap();
-        let keys: Vec<String> = compile(&cfg, "evi", &[])
-            .unwrap_err()
-            .into_iter()
-            .map(|u| u.key)
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                "rules",
-                "onError",
-                "profiles.c.containers",
-                "profiles.r.size"
-            ]
-        );
-    }
-
-    #[test]
-    fn every_profile_is_added_as_its_typed_source_with_its_mount_and_variables() {
-        let p = compiled("");
-        let kinds: Vec<&str> = p
-            .documents
-            .iter()
-            .map(|d| d["kind"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            kinds,
-            [
-                "MutatingAdmissionPolicy",
-                "ValidatingAdmissionPolicy",
-                "ValidatingAdmissionPolicy",
-                "ValidatingAdmissionPolicy",
-                "MutatingAdmissionPolicyBinding",
-                "ValidatingAdmissionPolicyBinding",
-                "ValidatingAdmissionPolicyBinding",
-                "ValidatingAdmissionPolicyBinding"
-            ]
-        );
-        let m = text(&p, "MutatingAdmissionPolicy");
-        for part in [
-            "Object.spec.volumes.ephemeral.volumeClaimTemplate.spec{accessModes: ['ReadWriteOnce']",
-            "emptyDir: Object.spec.volumes.emptyDir{medium: 'Memory', sizeLimit: '1Gi'}",
-            "csi: Object.spec.volumes.csi{driver: 'secrets-store.csi.k8s.io', volumeAttributes: {'secretProviderClass': 'db'}}",
-            "variables.values[k] == 'secrets' ? '/mnt/secrets'",
-            "variables.values[k] == 'secrets' ? 'true'",
-            "?readOnly: variables.readOnly[k] == '' ? optional.none()",
-            "['TMPDIR']",
-            "/metadata/annotations/injector.ephemeral-volumes.io~1injected",
-            "\"reinvocationPolicy\":\"IfNeeded\"",
-        ] {
-            assert!(m.contains(part), "{part} not in {m}");
-        }
-        let binding = text(&p, "ValidatingAdmissionPolicyBinding");
-        assert!(
-            binding.contains("\"validationActions\":[\"Deny\"]") && binding.contains("kube-system"),
-            "{binding}"
-        );
-    }
-
-    #[test]
-    fn a_profile_the_webhook_refuses_by_name_is_refused_with_its_reason_and_never_added() {
-        // A profile without a mount path needs profile=bare,mountPath=… (the webhook's only).
-        let p = compiled("  maxVolumesPerPod: 3\n");
-        let m = p.documents[0]["spec"]["mutations"].to_string();
-        assert!(!m.contains("'bare'") && !m.contains("5Gi"), "{m}");
-        let v = text(&p, "ValidatingAdmissionPolicy");
-        assert!(
-            v.contains(
-                "v == 'bare' ? ['mountPath is required: profile \\\"bare\\\" does not set one']"
-            ),
-            "{v}"
-        );
-        assert!(v.contains("policy.maxVolumesPerPod allows 3"), "{v}");
-    }
-
-    #[test]
-    fn the_key_value_form_is_read_only_when_the_policy_allows_it() {
-        let closed = compiled("");
-        let v = text(&closed, "ValidatingAdmissionPolicy");
-        assert!(v.contains("policy.allowInline is false"), "{v}");
-        assert!(!v.contains("variables.kv"), "{v}");
-        let cfg = Config::parse(PROFILES).unwrap();
-        let open = compile(&cfg, "evi", &[]).unwrap();
-        let v = text(&open, "ValidatingAdmissionPolicy");
-        assert!(
-            !v.contains("policy.allowInline is false") && v.contains("variables.kv"),
-            "{v}"
-        );
-    }
-
-    #[test]
-    fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
-        let cfg = Config::parse(&format!(
-            "{PROFILES}policy:\n  types: [emptyDir, ephemeral]\n  csiDrivers: [secrets-store.csi.k8s.io]\n  \
-             storageClasses: [gp3]\n  maxSize: {{emptyDir: 100Gi, memory: 8Gi, ephemeral: 1Ti}}\n  \
-             requireSizeLimit: true\n  defaultSizeLimit: 4Gi\n"
-        ))
-        .unwrap();
-        let p = compile(&cfg, "evi", &[]).unwrap();
-        let v = text(&p, "ValidatingAdmissionPolicy");
-        for part in [
-            // each field: read, checked, or refused as the webhook's only
-            "is not a key=value pair",
-            "unknown field",
-            "is given twice",
-            "is empty",
-            "attr. needs a key",
-            "needs the JSON form",
-            "in ['profile', 'containers', 'initContainers']",
-            "size=request: the admission policies",
-            "no volume source",
-            "is not one of emptyDir, csi, ephemeral",
-            "does not apply to type=",
-            "isQuantity(variables.kv[k]['size'])",
-            "is zero, which is no limit at all",
-            "is not one of \\\"\\\" (node disk), Memory, HugePages",
-            "is not one of ReadWriteOnce, ReadOnlyMany, ReadWriteMany, ReadWriteOncePod",
-            "is not a DNS-1123 subdomain",
-            "type=ephemeral needs size=",
-            "type=csi needs driver=",
-            "mountPath is required",
-            "must be an absolute path",
-            "is the container\\\\'s root",
-            "readOnly must be true or false",
-            "must be a relative path",
-            "is not a valid environment variable name",
-            // each limit, with its value
-            "is not allowed by policy.types (emptyDir, ephemeral)",
-            "in ['secrets-store.csi.k8s.io']",
-            "is not in policy.csiDrivers (secrets-store.csi.k8s.io)",
-            "is not in policy.storageClasses (gp3)",
-            "a storage class is required by policy.storageClasses (gp3)",
-            "isGreaterThan(quantity('100Gi'))",
-            "exceeds policy.maxSize.memory (8Gi)",
-            "exceeds policy.maxSize.ephemeral (1Ti)",
-        ] {
-            assert!(v.contains(part), "{part} not in {v}");
-        }
-        let m = text(&p, "MutatingAdmissionPolicy");
-        for part in [
-            "?medium: variables.kv[k][?'medium']",
-            ": optional.of('4Gi'))",
-            "?fsType: variables.kv[k][?'fsType']",
-            "f.startsWith('attr.') && f.size() > 5, {f.substring(5): x}",
-            "accessModes: [variables.kv[k][?'accessMode'].orValue('ReadWriteOnce')]",
-            "?storageClassName: variables.kv[k][?'storageClass']",
-            "split('/').filter(x, x != '' && x != '.').join('/')",
-            "variables.kv[k]['env'].split(';')",
-        ] {
-            assert!(m.contains(part), "{part} not in {m}");
-        }
-        // Without limits, none is compiled.
-        let free = text(
-            &compile(&Config::parse(PROFILES).unwrap(), "evi", &[]).unwrap(),
-            "ValidatingAdmissionPolicy",
-        );
-        for part in ["maxSize", "storageClasses", "csiDrivers", "4Gi"] {
-            assert!(!free.contains(part), "{part} in {free}");
-        }
-    }
-
-    #[test]
-    fn a_workload_is_checked_at_its_template_with_the_pods_checks() {
-        let p = compiled("");
-        let policy = |name: &str| {
-            p.documents
-                .iter()
-                .find(|d| d["metadata"]["name"] == name && d["kind"] == "ValidatingAdmissionPolicy")
-                .unwrap()
-        };
-        let pod = policy("evi");
-        for (name, root, kinds) in [
-            ("evi-workloads", "object.spec.template", 6),
-            ("evi-cronjobs", "object.spec.jobTemplate.spec.template", 1),
-        ] {
-            let w = policy(name);
-            assert_eq!(
-                w["spec"]["matchConstraints"]["resourceRules"]
-                    .as_array()
-                    .unwrap()
-                    .len(),
-                kinds
-            );
-            let checks = w["spec"]["validations"].to_string();
-            assert_eq!(
-                checks,
-                pod["spec"]["validations"]
-                    .to_string()
-                    .replace("object.", &format!("{root}."))
-            );
-            let variables = w["spec"]["variables"].to_string();
-            assert!(
-                !variables
-                    .replace(&format!("{root}."), "")
-                    .contains("object."),
-                "{variables}"
-            );
-            assert!(
-                w["spec"]["matchConditions"]
-                    .to_string()
-                    .contains("request.operation == 'CREATE'")
-            );
-            let bound = p.documents.iter().any(|d| {
-                d["kind"] == "ValidatingAdmissionPolicyBinding" && d["spec"]["policyName"] == name
-            });
-            assert!(bound, "{name} has no binding");
-        }
-    }
-}
+mod tests;

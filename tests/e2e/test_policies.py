@@ -46,7 +46,8 @@ CONFIG = {
                "maxSize": {"emptyDir": "100Gi", "memory": "8Gi", "ephemeral": "1Ti"},
                "requireSizeLimit": True, "defaultSizeLimit": "4Gi"},
 }
-VALUES = {"config": CONFIG, "webhook": {"excludeNamespaces": [POLICIES_NS]}}
+BOUNDS_NS = "parity-bounds"
+VALUES = {"config": CONFIG, "webhook": {"excludeNamespaces": [POLICIES_NS, BOUNDS_NS]}}
 
 release = release_fixture("evi-parity", VALUES)
 
@@ -395,3 +396,88 @@ def test_an_update_that_changes_a_deployments_template_is_checked_either_way(clu
     assert webhook.returncode != 0 and policy.returncode != 0, (webhook.stderr, policy.stderr)
     assert named(webhook.stderr) == named(policy.stderr) == {f"{P}/tmp"}
     assert "maxSize.emptyDir" in webhook.stderr and "maxSize.emptyDir" in policy.stderr
+
+
+# The API server's limit on all of a pod's annotations together (keys and values).
+ANNOTATIONS_LIMIT = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def unbounded_policies(cluster, tmp_path_factory):
+    """The configuration's policies without maxVolumesPerPod (so that 64 annotations are all
+    read), named apart and bound to BOUNDS_NS only."""
+    config = copy.deepcopy(CONFIG)
+    del config["policy"]["maxVolumesPerPod"]
+    path = tmp_path_factory.mktemp("unbounded") / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([str(BINARY), "policies", "--config", str(path), "--name", "evi-bounds"],
+                         capture_output=True, text=True, check=True)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    for d in docs:
+        if d["kind"].endswith("Binding"):
+            d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [BOUNDS_NS]}]}}
+    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    cluster.namespace(BOUNDS_NS)
+    cluster.kubectl("apply", "-f", "-", input=items)
+    wait_for("the policies to take effect", lambda: cluster.create(
+        pod(namespace=BOUNDS_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server", check=False).returncode != 0,
+        timeout=30, interval=0.5)
+    yield
+    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
+
+
+def most_annotations() -> dict:
+    """As many annotations as the API server accepts on one pod (short keys, empty values)."""
+    out, total, i = {}, 0, 0
+    while total + len(f"a{i:x}") <= ANNOTATIONS_LIMIT - 64:
+        out[f"a{i:x}"] = ""
+        total += len(f"a{i:x}")
+        i += 1
+    return out
+
+
+def test_a_pod_with_the_most_annotations_that_asks_for_nothing_is_admitted_with_a_warning(cluster, release,
+                                                                                       unbounded_policies):
+    """Blast radius: a pod that asks for nothing is never refused, however many annotations it
+    has; past the bound the policies read (the API server iterates a map of annotations in
+    quadratic time) it is not looked at, and told so."""
+    many = most_annotations()
+    assert len(many) > 50_000
+    p = pod(namespace=BOUNDS_NS, annotations=many)
+    result = cluster.create(p, "--dry-run=server", check=False)
+    assert result.returncode == 0, result.stderr[:2000]
+    assert f"more than the 4096 the admission policies read: no {P}/* annotation of it is served" in result.stderr
+    stored = json.loads(result.stdout)
+    assert [v["name"] for v in stored["spec"].get("volumes", []) if not v["name"].startswith("kube-api-access")] == []
+    assert f"injector.{P}/injected" not in stored["metadata"]["annotations"]
+
+
+WORST = {
+    "32 pairs of unknown fields": "a=b," * 31 + "a=b",
+    "one field given 29 times": "type=emptyDir,mountPath=/s," + "size=1Gi," * 29,
+    "490 variable names": "type=emptyDir,mountPath=/s,env=" + "A;" * 490,
+    "990 empty variable names": "type=emptyDir,mountPath=/s,env=" + ";" * 990,
+    "a CSI volume with 29 attributes": "type=csi,driver=secrets-store.csi.k8s.io,mountPath=/s," + ",".join(
+        f"attr.k{j}=" + "v" * 20 for j in range(29)),
+    "a mount path of 480 parts": "type=emptyDir,mountPath=/" + "a/" * 480,
+    "1,024 pairs": "a=b," * 256,
+    "a value of 200 KiB": "type=emptyDir,mountPath=/s,size=" + "9" * 200_000,
+}
+
+
+@pytest.mark.parametrize("label", list(WORST))
+def test_the_worst_values_64_times_are_refused_naming_each_annotation_within_the_cost_limits(
+        cluster, release, unbounded_policies, label):
+    """The most annotations a pod may ask with (64), each the worst value of its kind cut at
+    the policies' bound (1,024 characters, 32 pairs) or past it, within the API server's
+    limit on a pod's annotations: refused naming each annotation, never with the API server's
+    `cost limit exceeded` (which would name neither annotation nor field)."""
+    value = WORST[label]
+    count = 64 if len(value) <= 1024 else 1
+    annotations = {f"{P}/v{i}": value[:1024] if count > 1 else value for i in range(count)}
+    result = cluster.create(pod(namespace=BOUNDS_NS, annotations=annotations), "--dry-run=server", check=False)
+    assert result.returncode != 0
+    assert "cost" not in result.stderr, result.stderr[-600:]
+    assert "ValidatingAdmissionPolicy 'evi-bounds'" in result.stderr, result.stderr[:600]
+    assert f"annotation {P}/v0" in result.stderr, result.stderr[:600]

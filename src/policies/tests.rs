@@ -1,0 +1,275 @@
+//! The compiler's unit tests: what it writes for each field and limit (the API server's own
+//! verdict is tests/e2e/test_policies.py's).
+
+use super::*;
+
+const PROFILES: &str = "profiles:
+  scratch: {mountPath: /scratch, env: [TMPDIR], ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], storageClassName: gp3, resources: {requests: {storage: 200Gi}}}}}}
+  shm: {mountPath: /dev/shm, emptyDir: {medium: Memory, sizeLimit: 1Gi}}
+  secrets: {mountPath: /mnt/secrets, readOnly: true, csi: {driver: secrets-store.csi.k8s.io, volumeAttributes: {secretProviderClass: db}}}
+  bare: {emptyDir: {sizeLimit: 5Gi}}
+";
+
+fn compiled(policy: &str) -> Policies {
+    let cfg = Config::parse(&format!(
+        "{PROFILES}policy:\n  allowInline: false\n{policy}"
+    ))
+    .unwrap();
+    compile(&cfg, "evi", &["kube-system".to_owned()]).unwrap()
+}
+
+fn text(p: &Policies, kind: &str) -> String {
+    let doc = p.documents.iter().find(|d| d["kind"] == kind).unwrap();
+    doc.to_string()
+}
+
+#[test]
+fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key() {
+    let cfg = Config::parse(
+        "onError: warn\nprofiles:\n  r: {mountPath: /r, size: request, emptyDir: {}}\n  \
+         c: {mountPath: /c, containers: [main], emptyDir: {}}\n\
+         rules:\n  - name: x\n    volumes:\n      v: {profile: c}\n",
+    )
+    .unwrap();
+    let keys: Vec<String> = compile(&cfg, "evi", &[])
+        .unwrap_err()
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "rules",
+            "onError",
+            "profiles.c.containers",
+            "profiles.r.size"
+        ]
+    );
+}
+
+#[test]
+fn every_profile_is_added_as_its_typed_source_with_its_mount_and_variables() {
+    let p = compiled("");
+    let kinds: Vec<&str> = p
+        .documents
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "MutatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding"
+        ]
+    );
+    let m = text(&p, "MutatingAdmissionPolicy");
+    for part in [
+        "Object.spec.volumes.ephemeral.volumeClaimTemplate.spec{accessModes: ['ReadWriteOnce']",
+        "emptyDir: Object.spec.volumes.emptyDir{medium: 'Memory', sizeLimit: '1Gi'}",
+        "csi: Object.spec.volumes.csi{driver: 'secrets-store.csi.k8s.io', volumeAttributes: {'secretProviderClass': 'db'}}",
+        "variables.values[k] == 'secrets' ? '/mnt/secrets'",
+        "variables.values[k] == 'secrets' ? 'true'",
+        "?readOnly: variables.readOnly[k] == '' ? optional.none()",
+        "['TMPDIR']",
+        "/metadata/annotations/injector.ephemeral-volumes.io~1injected",
+        "\"reinvocationPolicy\":\"IfNeeded\"",
+    ] {
+        assert!(m.contains(part), "{part} not in {m}");
+    }
+    let binding = text(&p, "ValidatingAdmissionPolicyBinding");
+    assert!(
+        binding.contains("\"validationActions\":[\"Deny\"]") && binding.contains("kube-system"),
+        "{binding}"
+    );
+}
+
+#[test]
+fn a_profile_the_webhook_refuses_by_name_is_refused_with_its_reason_and_never_added() {
+    // A profile without a mount path needs profile=bare,mountPath=… (the webhook's only).
+    let p = compiled("  maxVolumesPerPod: 3\n");
+    let m = p.documents[0]["spec"]["mutations"].to_string();
+    assert!(!m.contains("'bare'") && !m.contains("5Gi"), "{m}");
+    let v = text(&p, "ValidatingAdmissionPolicy");
+    assert!(
+        v.contains(
+            "v == 'bare' ? ['mountPath is required: profile \\\"bare\\\" does not set one']"
+        ),
+        "{v}"
+    );
+    assert!(v.contains("policy.maxVolumesPerPod allows 3"), "{v}");
+}
+
+#[test]
+fn the_key_value_form_is_read_only_when_the_policy_allows_it() {
+    let closed = compiled("");
+    let v = text(&closed, "ValidatingAdmissionPolicy");
+    assert!(v.contains("policy.allowInline is false"), "{v}");
+    assert!(!v.contains("variables.kv"), "{v}");
+    let cfg = Config::parse(PROFILES).unwrap();
+    let open = compile(&cfg, "evi", &[]).unwrap();
+    let v = text(&open, "ValidatingAdmissionPolicy");
+    assert!(
+        !v.contains("policy.allowInline is false") && v.contains("variables.kv"),
+        "{v}"
+    );
+}
+
+#[test]
+fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
+    let cfg = Config::parse(&format!(
+        "{PROFILES}policy:\n  types: [emptyDir, ephemeral]\n  csiDrivers: [secrets-store.csi.k8s.io]\n  \
+         storageClasses: [gp3]\n  maxSize: {{emptyDir: 100Gi, memory: 8Gi, ephemeral: 1Ti}}\n  \
+         requireSizeLimit: true\n  defaultSizeLimit: 4Gi\n"
+    ))
+    .unwrap();
+    let p = compile(&cfg, "evi", &[]).unwrap();
+    let v = text(&p, "ValidatingAdmissionPolicy");
+    for part in [
+        // each field: read, checked, or refused as the webhook's only
+        "is not a key=value pair",
+        "unknown field",
+        "is given twice",
+        "is empty",
+        "attr. needs a key",
+        "needs the JSON form",
+        "in ['profile', 'containers', 'initContainers']",
+        "size=request: the admission policies",
+        "no volume source",
+        "is not one of emptyDir, csi, ephemeral",
+        "does not apply to type=",
+        "isQuantity(variables.kv[k]['size'])",
+        "is zero, which is no limit at all",
+        "is not one of \\\"\\\" (node disk), Memory, HugePages",
+        "is not one of ReadWriteOnce, ReadOnlyMany, ReadWriteMany, ReadWriteOncePod",
+        "is not a DNS-1123 subdomain",
+        "type=ephemeral needs size=",
+        "type=csi needs driver=",
+        "mountPath is required",
+        "must be an absolute path",
+        "is the container\\\\'s root",
+        "readOnly must be true or false",
+        "must be a relative path",
+        "is not a valid environment variable name",
+        // each limit, with its value
+        "is not allowed by policy.types (emptyDir, ephemeral)",
+        "in ['secrets-store.csi.k8s.io']",
+        "is not in policy.csiDrivers (secrets-store.csi.k8s.io)",
+        "is not in policy.storageClasses (gp3)",
+        "a storage class is required by policy.storageClasses (gp3)",
+        "isGreaterThan(quantity('100Gi'))",
+        "exceeds policy.maxSize.memory (8Gi)",
+        "exceeds policy.maxSize.ephemeral (1Ti)",
+    ] {
+        assert!(v.contains(part), "{part} not in {v}");
+    }
+    let m = text(&p, "MutatingAdmissionPolicy");
+    for part in [
+        "?medium: variables.kv[k][?'medium']",
+        ": optional.of('4Gi'))",
+        "?fsType: variables.kv[k][?'fsType']",
+        "f.startsWith('attr.') && f.size() > 5, {f.substring(5): x}",
+        "accessModes: [variables.kv[k][?'accessMode'].orValue('ReadWriteOnce')]",
+        "?storageClassName: variables.kv[k][?'storageClass']",
+        "split('/').filter(x, x != '' && x != '.').join('/')",
+        "f['env'].split(';')",
+    ] {
+        assert!(m.contains(part), "{part} not in {m}");
+    }
+    // Without limits, none is compiled.
+    let free = text(
+        &compile(&Config::parse(PROFILES).unwrap(), "evi", &[]).unwrap(),
+        "ValidatingAdmissionPolicy",
+    );
+    for part in ["maxSize", "storageClasses", "csiDrivers", "4Gi"] {
+        assert!(!free.contains(part), "{part} in {free}");
+    }
+}
+
+#[test]
+fn a_workload_is_checked_at_its_template_with_the_pods_checks() {
+    let p = compiled("");
+    let policy = |name: &str| {
+        p.documents
+            .iter()
+            .find(|d| d["metadata"]["name"] == name && d["kind"] == "ValidatingAdmissionPolicy")
+            .unwrap()
+    };
+    let pod = policy("evi");
+    for (name, root, kinds) in [
+        ("evi-workloads", "object.spec.template", 6),
+        ("evi-cronjobs", "object.spec.jobTemplate.spec.template", 1),
+    ] {
+        let w = policy(name);
+        assert_eq!(
+            w["spec"]["matchConstraints"]["resourceRules"]
+                .as_array()
+                .unwrap()
+                .len(),
+            kinds
+        );
+        let checks = w["spec"]["validations"].to_string();
+        assert_eq!(
+            checks,
+            pod["spec"]["validations"]
+                .to_string()
+                .replace("object.", &format!("{root}."))
+        );
+        let variables = w["spec"]["variables"].to_string();
+        assert!(
+            !variables
+                .replace(&format!("{root}."), "")
+                .contains("object."),
+            "{variables}"
+        );
+        assert!(
+            w["spec"]["matchConditions"]
+                .to_string()
+                .contains("request.operation == 'CREATE'")
+        );
+        let bound = p.documents.iter().any(|d| {
+            d["kind"] == "ValidatingAdmissionPolicyBinding" && d["spec"]["policyName"] == name
+        });
+        assert!(bound, "{name} has no binding");
+    }
+}
+
+#[test]
+fn a_pod_past_the_annotations_read_is_never_iterated_and_only_warned() {
+    let p = compiled("");
+    for d in p
+        .documents
+        .iter()
+        .filter(|d| !d["kind"].as_str().unwrap().ends_with("Binding"))
+    {
+        let conditions = d["spec"]["matchConditions"].to_string();
+        let name = d["metadata"]["name"].as_str().unwrap();
+        if name == "evi-bounds" {
+            assert!(
+                conditions.contains("size(object.metadata.annotations) > 4096"),
+                "{conditions}"
+            );
+            assert!(!conditions.contains("exists"), "{conditions}");
+        } else {
+            // The size first: the map is iterated only when it is small.
+            let size = conditions.find("<= 4096").unwrap_or(usize::MAX);
+            let exists = conditions.find(".exists(").unwrap();
+            assert!(size < exists, "{name}: {conditions}");
+        }
+    }
+    let warn = p
+        .documents
+        .iter()
+        .find(|d| {
+            d["metadata"]["name"] == "evi-bounds" && d["kind"] == "ValidatingAdmissionPolicyBinding"
+        })
+        .unwrap();
+    assert_eq!(warn["spec"]["validationActions"], json!(["Warn"]));
+}
