@@ -208,6 +208,8 @@ def test_match_conditions_send_only_pods_that_ask():
     (cond,) = w["matchConditions"]
     expr = cond["expression"]
     assert "object.metadata.annotations.exists(k, k.startsWith('ephemeral-volumes.io/'))" in expr
+    # A map of more annotations than the API server iterates cheaply is sent without looking.
+    assert "(size(object.metadata.annotations) > 4096 || object.metadata.annotations.exists(" in expr
     assert "request.namespace in ['nf-rules', 'nf-dev']" in expr
     assert "object.metadata.labels['nextflow.io/app'] == 'nextflow'" in expr
     assert "!(object.metadata.labels['tier'] in ['x'])" in expr
@@ -340,6 +342,10 @@ def test_workload_match_conditions_evaluate_as_the_api_server_would():
         assert not sent(hook, shape(nextflow), namespace="default")
         assert not sent(hook, shape({}))
         assert not sent(hook, shape({"annotations": {"other/x": "y"}}))
+        # More annotations than the API server iterates cheaply: sent, the webhook decides.
+        many = {f"other/x{i}": "" for i in range(4097)}
+        assert sent(hook, shape({"annotations": many}), namespace="anywhere")
+        assert not sent(hook, shape({"annotations": dict(list(many.items())[:4096])}), namespace="anywhere")
         # A template without metadata, or no template: not sent, and no evaluation error.
         assert not sent(hook, {"spec": {}})
         # UPDATE: sent only when the template changes.

@@ -481,3 +481,18 @@ def test_the_worst_values_64_times_are_refused_naming_each_annotation_within_the
     assert "cost" not in result.stderr, result.stderr[-600:]
     assert "ValidatingAdmissionPolicy 'evi-bounds'" in result.stderr, result.stderr[:600]
     assert f"annotation {P}/v0" in result.stderr, result.stderr[:600]
+
+
+def test_the_webhook_is_sent_a_pod_with_more_annotations_than_the_api_server_iterates_and_decides_it(
+        cluster, release):
+    """The chart's matchConditions do not iterate a map of more than 4,096 annotations (the
+    API server's CEL is quadratic in it): such a pod is sent to the webhook unread. One that
+    asks among ~53,000 annotations is served; one that asks for nothing is admitted as it is."""
+    many = most_annotations()
+    many.popitem()
+    asking = pod(namespace=WEBHOOK_NS, annotations={**many, f"{P}/tmp": "shm"})
+    stored = json.loads(cluster.create(asking, "--dry-run=server").stdout)
+    assert "tmp" in {v["name"] for v in stored["spec"]["volumes"]}
+    assert stored["metadata"]["annotations"][f"injector.{P}/injected"] == "tmp"
+    quiet = json.loads(cluster.create(pod(namespace=WEBHOOK_NS, annotations=many), "--dry-run=server").stdout)
+    assert f"injector.{P}/injected" not in quiet["metadata"]["annotations"]
