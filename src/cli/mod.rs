@@ -1,6 +1,7 @@
 //! Command-line interface: `serve`, `mutate` (the preview: `preview.rs`), `check-config`,
-//! `check-install`.
+//! `check-install`, `policies` (`policies.rs`).
 
+mod policies;
 pub mod preview;
 
 use std::{
@@ -88,6 +89,24 @@ pub struct PoliciesArgs {
     /// `webhook.excludeNamespaces`.
     #[arg(long = "exclude-namespace", value_name = "NAMESPACE", default_values_t = [String::from("kube-system")])]
     pub exclude: Vec<String>,
+    /// Only warn and record where the policies would refuse, and add nothing (no mutating
+    /// policy; `validationActions: [Warn, Audit]`): to run beside the webhook and compare
+    /// before switching.
+    #[arg(long)]
+    pub audit: bool,
+    /// Apply the objects to the cluster (server-side apply, field manager
+    /// `ephemeral-volume-injector`) instead of printing them, and delete those of the same name
+    /// this configuration no longer writes (the mutating policy after `--audit`). The cluster is
+    /// found as kubectl finds it: `--kubeconfig`, `$KUBECONFIG`, `~/.kube/config`, in-cluster.
+    #[arg(long, conflicts_with = "delete")]
+    pub apply: bool,
+    /// Delete every object `policies` writes under `--name` from the cluster (what `helm
+    /// uninstall` runs); the configuration is not read.
+    #[arg(long)]
+    pub delete: bool,
+    /// The kubeconfig for `--apply` and `--delete`.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// `mutate`'s arguments.
@@ -148,7 +167,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Mutate(args) => mutate(&args),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckInstall(args) => crate::install_check::run(&args),
-        Command::Policies(args) => policies(&args),
+        Command::Policies(args) => policies::run(&args),
         Command::PrintWorkloads => {
             println!("{:#}", crate::workload::table_json());
             ExitCode::SUCCESS
@@ -192,49 +211,6 @@ fn check_config(file: &std::path::Path) -> ExitCode {
         }
         Ok((Err(e @ ConfigError::Read { .. }), _)) | Err(e @ ConfigError::Read { .. }) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn policies(args: &PoliciesArgs) -> ExitCode {
-    let cfg = match &args.config {
-        Some(path) => match crate::config_file::load(path) {
-            Ok((cfg, _)) => cfg,
-            Err(e) => {
-                eprintln!("error: configuration {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
-        },
-        None => Config::default(),
-    };
-    match crate::policies::compile(&cfg, &args.name, &args.exclude) {
-        Ok(compiled) => {
-            let mut out = String::from(
-                "# Admission policies compiled by ephemeral-volume-injector (Kubernetes 1.36+).\n\
-                 # What they do not do that the webhook does:\n",
-            );
-            for note in &compiled.notes {
-                eprintln!("note: {note}");
-                out.push_str(&format!("#   - {note}\n"));
-            }
-            for doc in &compiled.documents {
-                match yaml_serde::to_string(doc) {
-                    Ok(text) => out.push_str(&format!("---\n{text}")),
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(refused) => {
-            eprintln!("error: the admission policies would serve this configuration otherwise:");
-            for r in refused {
-                eprintln!("  - {r}");
-            }
             ExitCode::from(2)
         }
     }

@@ -55,6 +55,48 @@ pub struct Policies {
     pub notes: Vec<String>,
 }
 
+impl Policies {
+    /// The policies to run beside the webhook before switching to them: nothing is added (the
+    /// mutating policy and its binding are left out: the webhook adds), and every refusal is
+    /// a warning and an audit annotation instead (`validationActions: [Warn, Audit]`), so that
+    /// a team sees where the policies would refuse what the webhook admits, or the other way.
+    pub fn audit(mut self) -> Policies {
+        self.documents.retain(|d| {
+            !matches!(
+                d["kind"].as_str(),
+                Some("MutatingAdmissionPolicy" | "MutatingAdmissionPolicyBinding")
+            )
+        });
+        for d in &mut self.documents {
+            if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                && d["spec"]["validationActions"] == json!(["Deny"])
+            {
+                d["spec"]["validationActions"] = json!(["Warn", "Audit"]);
+            }
+        }
+        self.notes.push(
+            "--audit: nothing is added and nothing refused: every refusal is a warning and an \
+             audit annotation (validationActions Warn, Audit), for comparing with the webhook"
+                .to_owned(),
+        );
+        self
+    }
+
+    /// Every object `compile` may write under `name`, by kind, whatever the configuration: what
+    /// `--apply` prunes and `--delete` removes.
+    pub fn names(name: &str) -> [(&'static str, Vec<String>); 4] {
+        let validating = ["", "-workloads", "-cronjobs", "-bounds"]
+            .map(|suffix| format!("{name}{suffix}"))
+            .to_vec();
+        [
+            ("MutatingAdmissionPolicy", vec![name.to_owned()]),
+            ("ValidatingAdmissionPolicy", validating.clone()),
+            ("MutatingAdmissionPolicyBinding", vec![name.to_owned()]),
+            ("ValidatingAdmissionPolicyBinding", validating),
+        ]
+    }
+}
+
 /// The name of the status annotation's pointer in a JSON Patch (RFC 6901 escaping).
 fn pointer_token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
