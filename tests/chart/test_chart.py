@@ -795,3 +795,72 @@ def test_policy_overrides_by_label_grant_the_namespace_watch_and_nothing_else():
 def test_the_schema_refuses_an_override_the_webhook_would_refuse(override):
     p = render("--set-json", f"config.policyOverrides=[{json.dumps(override)}]", check=False)
     assert p.returncode != 0 and "policyOverrides" in p.stderr, p.stderr
+
+
+def policy_jobs(docs):
+    return {d["metadata"]["name"].rsplit("-", 1)[1]: d for d in docs
+            if d["kind"] == "Job" and "-policies-" in d["metadata"]["name"]}
+
+
+def test_policies_mode_installs_the_policies_hook_instead_of_the_webhook():
+    """policies.mode=policies: no Deployment, Service, certificate or webhook configuration; the
+    configuration's ConfigMap, and hook Jobs that apply the compiled policies after install and
+    upgrade and delete them before uninstall, with RBAC on those names only."""
+    docs = render("--set", "policies.mode=policies", "--set", "tls.mode=certManager",
+                  values={"webhook": {"excludeNamespaces": ["platform"]}}, kube_version="1.36.0")
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"Deployment", "Service", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                        "Certificate", "Issuer", "Secret", "PodDisruptionBudget", "Pod"}, kinds
+    assert "ConfigMap" in kinds
+    jobs = policy_jobs(docs)
+    assert set(jobs) == {"apply", "delete"}
+    apply, delete = (j["spec"]["template"]["spec"]["containers"][0] for j in (jobs["apply"], jobs["delete"]))
+    assert apply["args"] == ["policies", "--name=evi-ephemeral-volume-injector",
+                             "--config=/etc/evi/config/config.yaml", "--apply",
+                             "--exclude-namespace=kube-system", "--exclude-namespace=evi-system",
+                             "--exclude-namespace=platform"]
+    assert delete["args"] == ["policies", "--name=evi-ephemeral-volume-injector", "--delete"]
+    assert jobs["apply"]["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert jobs["delete"]["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    config = jobs["apply"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+    assert config == by_kind(docs, "ConfigMap")[0]["metadata"]["name"]
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-policies")]
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named[0]["resourceNames"] == [f"evi-ephemeral-volume-injector{s}"
+                                         for s in ("", "-workloads", "-cronjobs", "-bounds")]
+    assert set(named[0]["verbs"]) == {"get", "patch", "delete"}
+    assert [r["verbs"] for r in role["rules"] if "resourceNames" not in r] == [["create"]]
+
+
+def test_both_mode_keeps_the_webhook_and_applies_the_policies_in_audit():
+    docs = render("--set", "policies.mode=both", kube_version="1.37.2")
+    assert by_kind(docs, "Deployment") and by_kind(docs, "MutatingWebhookConfiguration")
+    assert "--audit" in policy_jobs(docs)["apply"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert policy_jobs(render()) == {}
+
+
+def test_the_policies_modes_are_refused_on_a_cluster_older_than_1_36():
+    for mode in ("policies", "both"):
+        failed = render("--set", f"policies.mode={mode}", kube_version="1.35.4", check=False)
+        assert failed.returncode != 0
+        assert f"policies.mode={mode} needs Kubernetes 1.36 or later" in failed.stderr, failed.stderr
+    assert render("--set", "policies.mode=webhook", kube_version="1.35.4")
+    bad = render("--set", "policies.mode=policy", kube_version="1.37.0", check=False)
+    assert bad.returncode != 0 and "/policies/mode" in bad.stderr, bad.stderr
+
+
+def test_the_policies_rendered_command_compiles_the_rendered_configuration(tmp_path):
+    """The apply Job's command, run with the binary on the ConfigMap the chart renders (without
+    --apply), prints the policies of the release's name."""
+    config = {k: v for k, v in NEXTFLOW_VALUES["config"].items() if k != "rules"}  # rules: the webhook's only
+    docs = render("--set", "policies.mode=policies", values={"config": config}, kube_version="1.37.0")
+    configmap = by_kind(docs, "ConfigMap")[0]
+    path = tmp_path / "configmap.yaml"
+    path.write_text(yaml.safe_dump(configmap))
+    args = policy_jobs(docs)["apply"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = [f"--config={path}" if a.startswith("--config=") else a for a in args if a != "--apply"]
+    out = subprocess.run([str(BINARY), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    names = {d["metadata"]["name"] for d in yaml.safe_load_all(out.stdout) if d}
+    assert names == {"evi-ephemeral-volume-injector", "evi-ephemeral-volume-injector-workloads",
+                     "evi-ephemeral-volume-injector-cronjobs", "evi-ephemeral-volume-injector-bounds"}
