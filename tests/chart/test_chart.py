@@ -820,10 +820,16 @@ def test_policies_mode_installs_the_policies_hook_instead_of_the_webhook():
                              "--exclude-namespace=kube-system", "--exclude-namespace=evi-system",
                              "--exclude-namespace=platform"]
     assert delete["args"] == ["policies", "--name=evi-ephemeral-volume-injector", "--delete"]
-    assert jobs["apply"]["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    # Before the upgrade is applied: the policies serve before the webhook's objects go.
+    assert jobs["apply"]["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert jobs["delete"]["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    # The new configuration, in a hook ConfigMap of its own (the release's is the old one then).
     config = jobs["apply"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
-    assert config == by_kind(docs, "ConfigMap")[0]["metadata"]["name"]
+    hook_config, release_config = sorted(by_kind(docs, "ConfigMap"), key=lambda d: "helm.sh/hook" not in
+                                         d["metadata"].get("annotations", {}))
+    assert config == hook_config["metadata"]["name"] == "evi-ephemeral-volume-injector-policies-config"
+    assert hook_config["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert hook_config["data"] == release_config["data"]
     (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-policies")]
     named = [r for r in role["rules"] if "resourceNames" in r]
     assert named[0]["resourceNames"] == [f"evi-ephemeral-volume-injector{s}"
@@ -854,7 +860,7 @@ def test_the_policies_rendered_command_compiles_the_rendered_configuration(tmp_p
     --apply), prints the policies of the release's name."""
     config = {k: v for k, v in NEXTFLOW_VALUES["config"].items() if k != "rules"}  # rules: the webhook's only
     docs = render("--set", "policies.mode=policies", values={"config": config}, kube_version="1.37.0")
-    configmap = by_kind(docs, "ConfigMap")[0]
+    configmap = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-policies-config"))
     path = tmp_path / "configmap.yaml"
     path.write_text(yaml.safe_dump(configmap))
     args = policy_jobs(docs)["apply"]["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -56,7 +56,7 @@ def hook(cluster, tmp_path_factory):
 
 def run_job(cluster, tmp, kubeconfig, docs, which) -> subprocess.CompletedProcess:
     """The Job's args, with the rendered ConfigMap as the file the Job mounts."""
-    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-policies-config"))
     path = tmp / "configmap.yaml"
     path.write_text(yaml.safe_dump(configmap))
     args = [f"--config={path}" if a.startswith("--config=") else a for a in job_args(docs, which)]
@@ -81,9 +81,13 @@ def test_the_hook_commands_apply_audit_and_delete_the_policies_with_the_hooks_ow
                             .stdout)
         return "shm" in {v["name"] for v in stored["spec"].get("volumes", [])}
     wait_for("the applied policies to serve a pod", served, timeout=30, interval=0.5)
-    refused = cluster.create(pod(namespace=NS, annotations={f"{P}/big": "type=emptyDir,size=20Gi,mountPath=/b"}),
-                             "--dry-run=server", check=False)
-    assert refused.returncode != 0 and "maxSize.emptyDir" in refused.stderr, refused.stderr
+
+    def refused():  # each binding takes effect when the API server's informer sees it
+        p = cluster.create(pod(namespace=NS, annotations={f"{P}/big": "type=emptyDir,size=20Gi,mountPath=/b"}),
+                           "--dry-run=server", check=False)
+        return p if p.returncode != 0 else None
+    refusal = wait_for("the applied policies to refuse a pod over the policy", refused, timeout=30, interval=0.5)
+    assert "maxSize.emptyDir" in refusal.stderr, refusal.stderr
     # The release's namespace is left alone, as the webhook leaves it.
     quiet = cluster.create(pod(namespace=RELEASE_NS, annotations={f"{P}/big": "nope"}), "--dry-run=server",
                            check=False)
