@@ -10,6 +10,12 @@ spread connections), and C clients create N Jobs as fast as they are answered. E
 for three volumes (a disk emptyDir, a Memory emptyDir, a generic ephemeral volume of the
 `kwok-volume` class).
 
+A last run per client count installs no webhook but the admission policies `policies --apply`
+compiles from the same configuration (what the chart's `policies.mode=policies` installs), so
+that the two can be compared on the same Jobs; for it the API server's own time is its
+admission plugins' (`apiserver_admission_controller_admission_duration_seconds`, the mutating and
+the validating policy plugin).
+
 For each run it reports: Jobs per second (the clients'), pods per second (the job controller
 creating them through the webhook, until all N exist), the time until all are scheduled and
 finished, Job creation latency at the client, the API server's own
@@ -125,6 +131,27 @@ def webhook_histograms(api: Api) -> dict[str, dict[float, float]]:
     for line in api.text("/metrics").splitlines():
         if line.startswith(f"{METRIC}_bucket{{"):
             name = re.search(r'name="([^"]+)"', line).group(1)
+            le = re.search(r'le="([^"]+)"', line).group(1)
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets = out.setdefault(name, {})
+            buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+# The API server's own time in its admission plugins, by plugin (the policies run in two).
+PLUGIN_METRIC = "apiserver_admission_controller_admission_duration_seconds"
+POLICY_PLUGINS = ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy")
+
+
+def policy_histograms(api: Api) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts of the admission plugin histogram for the two policy plugins,
+    CREATE only (the runs' Jobs and pods)."""
+    out: dict[str, dict[float, float]] = {}
+    for line in api.text("/metrics").splitlines():
+        if line.startswith(f"{PLUGIN_METRIC}_bucket{{") and 'operation="CREATE"' in line:
+            name = re.search(r'name="([^"]+)"', line).group(1)
+            if name not in POLICY_PLUGINS:
+                continue
             le = re.search(r'le="([^"]+)"', line).group(1)
             bound = float("inf") if le == "+Inf" else float(le)
             buckets = out.setdefault(name, {})
@@ -301,10 +328,11 @@ class Bench:
 
     # === one run ===
 
-    def run(self, label: str, clients: int, hooks: list[Webhook]) -> dict:
+    def run(self, label: str, clients: int, hooks: list[Webhook], policies: bool = False) -> dict:
         n = self.args.jobs
         ns = self.cluster.namespace(f"bench-{len(self.results)}")
-        before = webhook_histograms(self.api)
+        histograms = policy_histograms if policies else webhook_histograms
+        before = histograms(self.api)
         cpu0 = [proc_cpu_seconds(h.proc.pid) for h in hooks]
         reviews0 = [h.metric("evi_admission_requests_total") + h.metric("evi_workload_reviews_total")
                     for h in hooks]
@@ -346,11 +374,12 @@ class Bench:
                 done_all = time.monotonic() - t0
                 break
             time.sleep(0.25)
-        after = webhook_histograms(self.api)
+        after = histograms(self.api)
         with_volumes = sum(VOLUMES <= {v["name"] for v in p["spec"].get("volumes", [])} for p in pods)
         pvcs = self.api.items(f"/api/v1/namespaces/{ns}/persistentvolumeclaims")
         result = {
             "run": label, "clients": clients, "jobs": n, "jobs_refused": len(refused),
+            "serves": bool(hooks) or policies,
             "refusals": refused[:3], "jobs_per_s": created / jobs_done,
             "pods": len(pods), "pods_per_s": len(pods) / pods_all if pods_all else None,
             "all_running_s": done_all, "pods_with_volumes": with_volumes,
@@ -390,23 +419,52 @@ class Bench:
                     self.run(f"webhook, {replicas} replica{'s' if replicas > 1 else ''}", c, hooks)
             finally:
                 self.uninstall(release, hooks, balancer)
+        if not self.args.no_policies:
+            self.apply_policies()
+            try:
+                for c in clients:
+                    self.run("policies instead of the webhook", c, [], policies=True)
+            finally:
+                self.policies_command("--delete")
+
+    # === the admission policies (`policies.mode=policies`) ===
+
+    def policies_command(self, *args: str) -> None:
+        self.cluster.run(self.args.binary, "policies", *args, "--exclude-namespace=kube-system")
+
+    def apply_policies(self) -> None:
+        """The webhook's configuration (the built-in defaults) compiled and applied, as the
+        chart's hook does; ready when a probe pod gets its volumes."""
+        self.policies_command("--apply")
+        ns = self.cluster.namespace("bench-probe")
+        wait_for("the policies to inject", lambda: VOLUMES <= {
+            v["name"] for v in self.cluster.create_pod({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"generateName": "probe-", "namespace": ns, "annotations": ANNOTATIONS},
+                "spec": {"containers": [{"name": "c", "image": "x"}], "nodeName": "none"}})["spec"]["volumes"]},
+            timeout=60, interval=0.5)
 
 
 def table(results: list[dict], nodes: int) -> str:
     out = [f"{nodes} KWOK nodes, {results[0]['jobs']} Jobs per run (3 volume requests each)\n",
            "| run | clients | Jobs/s | pods/s | running (PVCs bound) | Job create p50 / p95 / p99 | "
-           "API server: pods' webhook p50 / p99 | Jobs' webhook p50 / p99 | failures | "
+           "API server: pods' webhook (policies: mutating plugin) p50 / p99 | Jobs' webhook (policies: "
+           "validating plugin, pods and Jobs) p50 / p99 | failures | "
            "per replica: CPU s, peak RSS, reviews, own decision p99 |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         hooks = r["apiserver"]
-        pods = next((v for k, v in hooks.items() if not k.startswith("workloads.")), None)
-        jobs = next((v for k, v in hooks.items() if k.startswith("workloads.")), None)
-        # Jobs refused, and with the webhook, pods created without their volumes.
-        fails = r["jobs_refused"] + (r["pods"] - r["pods_with_volumes"] if r["replicas"] else 0)
+        if "MutatingAdmissionPolicy" in hooks or "ValidatingAdmissionPolicy" in hooks:
+            # The policies: the API server's own plugins (the mutating one sees pods only).
+            pods, jobs = hooks.get("MutatingAdmissionPolicy"), hooks.get("ValidatingAdmissionPolicy")
+        else:
+            pods = next((v for k, v in hooks.items() if not k.startswith("workloads.")), None)
+            jobs = next((v for k, v in hooks.items() if k.startswith("workloads.")), None)
+        # Jobs refused, and with the webhook or the policies, pods created without their volumes.
+        fails = r["jobs_refused"] + (r["pods"] - r["pods_with_volumes"] if r["serves"] else 0)
         running = (f"all in {r['all_running_s']:.0f} s" if r["all_running_s"] is not None
                    else f"{r['pods_running']} at {r['settled_s']:.0f} s")
-        if r["replicas"]:
+        if r["serves"]:
             running += f" ({r['pvcs_bound']})"
         reps = "; ".join(f"{x['cpu_s']:.1f} s, {x['peak_rss_mib']:.0f} MiB, {x['reviews']:.0f}, {x['own_p99']}"
                          for x in r["replicas"])
@@ -425,6 +483,8 @@ def main() -> int:
     ap.add_argument("--clients", default="10,50,200", help="concurrent clients per run, comma-separated")
     ap.add_argument("--replicas", default="1,3", help="webhook replicas, comma-separated (default 1,3)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the runs without the webhook")
+    ap.add_argument("--no-policies", action="store_true",
+                    help="skip the runs with the admission policies instead of the webhook")
     ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for a run's pods to exist")
     ap.add_argument("--settle", type=float, default=20,
                     help="seconds to wait, once they all exist, for all to run (default 20)")

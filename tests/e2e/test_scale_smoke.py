@@ -28,12 +28,13 @@ def test_the_scale_benchmark_runs_and_every_pod_gets_its_volumes(tmp_path):
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"benches/scale.py failed:\n{run.stderr[-6000:]}\n{run.stdout[-2000:]}"
     results = json.loads(out.read_text())["results"]
-    assert [r["run"] for r in results] == ["without the webhook", "webhook, 1 replica", "webhook, 2 replicas"]
+    assert [r["run"] for r in results] == ["without the webhook", "webhook, 1 replica", "webhook, 2 replicas",
+                                           "policies instead of the webhook"]
     for r in results:
         assert r["jobs_refused"] == 0, r["refusals"]
         assert r["pods"] == jobs, r
         assert r["all_running_s"] is not None, f"{r['run']}: not every pod ran on a KWOK node"
-    without, *with_webhook = results
+    without, *with_webhook, policies = results
     assert without["pods_with_volumes"] == 0 and without["pvcs_bound"] == 0
     assert without["apiserver"] == {}, "no webhook was called in the run without it"
     for r in with_webhook:
@@ -42,5 +43,10 @@ def test_the_scale_benchmark_runs_and_every_pod_gets_its_volumes(tmp_path):
         assert set(r["apiserver"]) == {"volumes.ephemeral-volumes.io", "workloads.ephemeral-volumes.io"}
         # Each Job was reviewed (at /validate) and each of its pods (at /mutate), by some replica.
         assert sum(x["reviews"] for x in r["replicas"]) == 2 * jobs, r["replicas"]
+    # The admission policies the same configuration compiles to, without the webhook: every pod
+    # served by the API server's own plugins.
+    assert policies["pods_with_volumes"] == jobs and policies["pvcs_bound"] == jobs, policies
+    assert policies["replicas"] == [] and "MutatingAdmissionPolicy" in policies["apiserver"], policies
+    assert "| policies instead of the webhook | 6 |" in run.stdout
     # The table the README's figures come from.
     assert "| webhook, 2 replicas | 6 |" in run.stdout
