@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +37,16 @@ HELM = shutil.which("helm") or str(TOOLS_DIR / "bin/helm")
 RELEASE_NS = "evi-system"
 OCI = ROOT / "target" / "oci"
 
+
+
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM (a CI job stopped, `timeout`) ends the run as Ctrl-C does: pytest then runs every
+    fixture's teardown — the node kills its pods, the control plane stops — where the default
+    action would end the process at once and leave the node's containers running."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
 class Cluster:
     """kubectl and helm against the control plane."""

@@ -15,13 +15,25 @@
 #   bash tests/e2e/in-netns.sh python3 -m pytest -q tests/e2e
 set -euo pipefail
 ns="evi-e2e-$$"
+# The node's cgroup root (tests/e2e/node.py): the pods' processes are found by it if the tests
+# are killed before they stop them.
+export EVI_CGROUP_ROOT="evi-e2e-$$"
 private=(/run/netns /run/containerd /run/docker /var/lib/kubelet /var/lib/cni /var/log/containers
          /var/log/pods /opt/containerd /etc/docker)
 created=()
 netns_was_mounted=1
 # The cleanup is set before anything is made, and undoes only what this run made.
 cleanup() {
-  local pids=()
+  local pids=() pid
+  # Processes left in the node's cgroups (the tests stop them; a SIGKILL does not let them):
+  # containers outlive their shims, reparented to PID 1.
+  local left
+  left="$(grep -l "/$EVI_CGROUP_ROOT\(/\|\$\)" /proc/[0-9]*/cgroup 2>/dev/null || true)"
+  for pid in $(printf '%s\n' "$left" | cut -s -d/ -f3); do
+    [ "$pid" = "$$" ] || kill -9 "$pid" 2>/dev/null || true
+  done
+  # and their cgroups, deepest first, once empty (the node removes them when it is stopped).
+  find /sys/fs/cgroup/*/"$EVI_CGROUP_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null || true
   if ip netns list | awk -v n="$ns" '$1 == n { found = 1 } END { exit !found }'; then
     mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
     [ "${#pids[@]}" -eq 0 ] || kill -9 "${pids[@]}" 2>/dev/null || true
@@ -34,6 +46,10 @@ cleanup() {
   rm -rf "${TMPDIR:-/tmp}/evi-e2e-$$-docker"
 }
 trap cleanup EXIT
+# A signal ends the script through its EXIT trap (bash runs none for an untrapped one); the
+# tests, in the same process group, stop their node and control plane first.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 for d in "${private[@]}"; do
   if [ ! -e "$d" ]; then
     mkdir -p "$d"

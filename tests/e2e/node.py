@@ -123,7 +123,9 @@ class Node:
         self.ip = os.environ.get("EVI_NODE_IP", "")
         self.procs: dict[str, subprocess.Popen] = {}
         self.sock = self.dir / "containerd" / "containerd.sock"
-        self.cgroup_root = f"evi-e2e-{os.getpid()}"
+        # in-netns.sh names it, so that its own cleanup can find the pods' processes if this
+        # process is killed before it stops them.
+        self.cgroup_root = os.environ.get("EVI_CGROUP_ROOT") or f"evi-e2e-{os.getpid()}"
         self.sysctls: dict[str, str] = {}
         self.nat_rule: list[str] | None = None
 
