@@ -6,7 +6,11 @@
 //! empty pairs skipped. The fields a profile override, a container list or `size=request`
 //! need are refused as the webhook's only, naming the field.
 
-use crate::{config::Policy, volume::VolumeKind};
+use crate::{
+    config::Policy,
+    quantity::Quantity,
+    volume::{Medium, Profile, VolumeKind},
+};
 
 use super::cel::{list, quote};
 
@@ -29,6 +33,18 @@ const FIELDS: [&str; 17] = [
     "containers",
     "initContainers",
     "env",
+];
+
+/// The fields an annotation naming a profile may set (the webhook's only aside).
+const PROFILE_FIELDS: [&str; 8] = [
+    "profile",
+    "mountPath",
+    "size",
+    "readOnly",
+    "subPath",
+    "env",
+    "containers",
+    "initContainers",
 ];
 
 /// The access modes a claim template may ask for.
@@ -136,7 +152,7 @@ impl<'p> Form<'p> {
 
     /// Every problem of annotation `k`'s pairs: a CEL list of messages (without the
     /// annotation's name), empty when the webhook would serve it as the policies do.
-    pub fn problems(&self) -> String {
+    pub fn problems(&self, profiles: &[(&str, &Profile)]) -> String {
         let pairs = [
             format!(
                 "{PAIRS}.filter(p, p.size() == 1).map(p, '\"' + p[0] + '\" is not a key=value pair \
@@ -149,37 +165,17 @@ impl<'p> Form<'p> {
             ),
             "variables.twice[k].map(f, f + ' is given twice')".to_owned(),
         ];
-        let mut out = vec![
-            format!(
-                "{KV}.filter(f, (f in {} || f.startsWith('attr.')) && f != 'readOnly' && f != 'attr.' \
-                 && {KV}[f] == '').map(f, f + ' is empty')",
-                list(FIELDS)
-            ),
-            when(
-                &has("attr."),
-                "'attr. needs a key, e.g. attr.secretProviderClass=vault-db'",
-            ),
+        let mut out = self.common();
+        out.extend([
             format!(
                 "{KV}.filter(f, f in ['emptyDir', 'csi', 'ephemeral']).map(f, f + ' needs the JSON \
                  form; in key=value form write type=' + f + ' with its shorthands')"
             ),
-            format!(
-                "{KV}.filter(f, f in ['profile', 'containers', 'initContainers'] && {KV}[f] != '')\
-                 .map(f, f + '=' + {KV}[f] + ': the admission policies do not read ' + f + \
-                 ' in the key=value form (the webhook does)')"
-            ),
             when(
-                &format!("{KV}[?'size'] == optional.of('request')"),
-                "'size=request: the admission policies do not read a size from the containers\\' \
-                 requests (the webhook does)'",
-            ),
-            when(
-                &format!(
-                    "!{KV}.exists(f, f in ['type', 'profile', 'emptyDir', 'csi', 'ephemeral'])"
-                ),
+                &format!("!{KV}.exists(f, f in ['type', 'emptyDir', 'csi', 'ephemeral'])"),
                 "'no volume source: give exactly one of profile, type, emptyDir, csi, ephemeral'",
             ),
-        ];
+        ]);
         let t = kind();
         out.push(format!(
             "({t} != '' && !({t} in ['emptyDir', 'csi', 'ephemeral']) ? ['type \"' + {t} + \
@@ -197,19 +193,53 @@ impl<'p> Form<'p> {
         out.push(shorthands());
         out.push(self.size());
         out.extend(self.source_fields());
-        out.extend(mount_fields());
+        out.extend(mount_fields(true));
         // A key given twice leaves the fields unread (`kv` is empty): its pairs' problems only.
-        format!(
-            "{}\n + (variables.twice[k].size() > 0 ? [] : {})",
-            pairs.join("\n + "),
+        let inline = if self.policy.allow_inline {
             out.join("\n + ")
+        } else {
+            format!(
+                "['{}.allowInline is false: name one of the cluster\\'s profiles']",
+                self.policy.origin
+            )
+        };
+        format!(
+            "{}\n + (variables.twice[k].size() > 0 ? [] : {} ? ({}) : ({inline}))",
+            pairs.join("\n + "),
+            has("profile"),
+            self.with_profile(profiles),
         )
+    }
+
+    /// What both the inline form and a profile with fields refuse: an empty value, `attr.`
+    /// without a key, the fields only the webhook reads.
+    fn common(&self) -> Vec<String> {
+        vec![
+            format!(
+                "{KV}.filter(f, (f in {} || f.startsWith('attr.')) && f != 'readOnly' && f != 'attr.' \
+                 && {KV}[f] == '').map(f, f + ' is empty')",
+                list(FIELDS)
+            ),
+            when(
+                &has("attr."),
+                "'attr. needs a key, e.g. attr.secretProviderClass=vault-db'",
+            ),
+            format!(
+                "{KV}.filter(f, f in ['containers', 'initContainers'] && {KV}[f] != '')\
+                 .map(f, f + '=' + {KV}[f] + ': the admission policies do not read ' + f + \
+                 ' in the key=value form (the webhook does)')"
+            ),
+            when(
+                &format!("{KV}[?'size'] == optional.of('request')"),
+                "'size=request: the admission policies do not read a size from the containers\\' \
+                 requests (the webhook does)'",
+            ),
+        ]
     }
 
     /// The size: a quantity above zero, within the policy's cap for the volume's kind.
     fn size(&self) -> String {
         let t = kind();
-        let s = get("size");
         let medium = format!("{KV}[?'medium'].orValue('')");
         let caps = [
             (
@@ -228,6 +258,13 @@ impl<'p> Form<'p> {
                 "ephemeral",
             ),
         ];
+        self.size_checks(&format!("{t} in ['emptyDir', 'ephemeral']"), &caps)
+    }
+
+    /// The checks of a size given where `applies`: a quantity above zero, within the first of
+    /// `caps` whose condition holds.
+    fn size_checks(&self, applies: &str, caps: &[(String, Option<Quantity>, &str)]) -> String {
+        let s = get("size");
         let mut over = String::new();
         for (cond, cap, field) in caps {
             let Some(cap) = cap else { continue };
@@ -240,13 +277,66 @@ impl<'p> Form<'p> {
             ));
         }
         format!(
-            "({t} in ['emptyDir', 'ephemeral'] && {} && {s} != 'request' ? (\
+            "({applies} && {} && {s} != 'request' ? (\
              !isQuantity({s}) ? ['size: invalid quantity \"' + {s} + '\"'] \
              : quantity({s}).compareTo(quantity('0')) < 0 ? ['size: invalid quantity \"' + {s} + '\" (negative)'] \
              : quantity({s}).compareTo(quantity('0')) == 0 ? ['size \"' + {s} + '\" is zero, which is no limit at all; give a size above zero'] \
              : {over}[]) : [])",
             given("size")
         )
+    }
+
+    /// The problems of `profile=<name>,…`: a profile that is not one, a field a profile does
+    /// not let an annotation change, a size the profile's kind does not read or the policy
+    /// caps, a mount path neither gives.
+    fn with_profile(&self, profiles: &[(&str, &Profile)]) -> String {
+        let name = get("profile");
+        let defined: Vec<&str> = profiles.iter().map(|(n, _)| *n).collect();
+        let mut chain = format!(
+            "!({name} in {}) ? ['profile \"' + {name} + '\" is not defined (defined: {})'] ",
+            list(defined.iter().copied()),
+            defined.join(", ")
+        );
+        for (n, p) in profiles {
+            let kind = p.compiled.kind;
+            let size = if kind == VolumeKind::Csi {
+                when(
+                    &given("size"),
+                    "'size does not apply to a CSI inline volume'",
+                )
+            } else {
+                let cap = match (kind, p.compiled.medium) {
+                    (VolumeKind::Ephemeral, _) => (self.policy.max_ephemeral, "ephemeral"),
+                    (_, Medium::Memory) => (self.policy.max_memory, "memory"),
+                    (_, Medium::Disk) => (self.policy.max_empty_dir, "emptyDir"),
+                    _ => (None, ""),
+                };
+                self.size_checks("true", &[("true".to_owned(), cap.0, cap.1)])
+            };
+            let path = match p.mount.mount_path {
+                Some(_) => "[]".to_owned(),
+                None => when(
+                    &format!("!{}", has("mountPath")),
+                    &quote(&format!(
+                        "mountPath is required: profile \"{n}\" does not set one"
+                    )),
+                ),
+            };
+            chain.push_str(&format!(": {name} == {} ? {size} + {path} ", quote(n)));
+        }
+        chain.push_str(": []");
+        let mut out = vec![
+            format!(
+                "{KV}.filter(f, (f in {} || f.startsWith('attr.')) && !(f in {})).map(f, f + \
+                 ' does not apply to profile=' + {name} + ': a profile fixes the volume source')",
+                list(FIELDS),
+                list(PROFILE_FIELDS)
+            ),
+            format!("({chain})"),
+        ];
+        out.extend(self.common());
+        out.extend(mount_fields(false));
+        out.join("\n + ")
     }
 
     /// The fields of the source a type reads: medium, access mode, storage class, driver; a
@@ -430,6 +520,30 @@ impl<'p> Form<'p> {
         )
     }
 
+    /// `f` of annotation `k`, else `default` (a CEL string).
+    pub fn field_or(f: &str, default: &str) -> String {
+        format!("{KV}[?{}].orValue({default})", quote(f))
+    }
+
+    /// The mount path annotation `k` gives, normalised, else `default` (a CEL string).
+    pub fn path_or(default: &str) -> String {
+        format!(
+            "({} ? {} : {default})",
+            given("mountPath"),
+            normalized(&get("mountPath"))
+        )
+    }
+
+    /// The variables annotation `k` names, else `default` (a CEL list).
+    pub fn env_or(default: &str) -> String {
+        format!("({} ? variables.envs[k] : {default})", has("env"))
+    }
+
+    /// The size annotation `k` gives, else `default` (`''` without either).
+    pub fn size_or(default: Option<&str>) -> String {
+        Self::field_or("size", &quote(default.unwrap_or("")))
+    }
+
     /// Annotation `k`'s `readOnly`: `'true'`, `'false'` or `''`.
     pub fn read_only() -> String {
         format!("{KV}[?'readOnly'].orValue('')")
@@ -476,12 +590,16 @@ fn shorthands() -> String {
 
 /// The mount's fields: a mount path (required: the form names no profile that gives one),
 /// readOnly, subPath, variables.
-fn mount_fields() -> Vec<String> {
+fn mount_fields(required: bool) -> Vec<String> {
     let path = get("mountPath");
     let sub = get("subPath");
     let dot_dot = |p: &str| format!("{p}.split('/').exists(x, x == '..')");
     vec![
-        when(&format!("!{}", has("mountPath")), "'mountPath is required'"),
+        if required {
+            when(&format!("!{}", has("mountPath")), "'mountPath is required'")
+        } else {
+            "[]".to_owned()
+        },
         format!(
             "({} ? (!{path}.startsWith('/') ? ['mountPath \"' + {path} + '\" must be an absolute path'] \
              : {norm} == '/' ? ['mountPath \"' + {path} + '\" is the container\\'s root; mount the volume below it'] \

@@ -26,7 +26,7 @@ use crate::{
     engine::{PodLocation, decide},
     pod::PodView,
     validate::MAX_PROBLEMS,
-    volume::{InitTargets, Profile, VolumeKind},
+    volume::{InitTargets, Medium, Profile, VolumeKind},
     workload::TemplateAt,
 };
 
@@ -346,14 +346,20 @@ fn validating_spec(at: &Cel, refused: &[(&str, String)]) -> Value {
 struct Cel<'c> {
     /// The annotation prefix with its `/`.
     prefix: String,
-    /// The profiles the policies serve, by name.
+    /// The profiles the policies serve by name alone.
     served: &'c [(&'c str, &'c Profile)],
+    /// Every profile (one without a mount path is served with `profile=<name>,mountPath=…`).
+    all: Vec<(&'c str, &'c Profile)>,
+    /// The policy's default emptyDir size, when it requires one.
+    default_size: Option<&'c str>,
     /// Every profile's name (a value that names another is not a profile).
     profiles: Vec<&'c str>,
     /// `policy.maxVolumesPerPod`.
     max_volumes: Option<usize>,
     /// The key=value form, when `policy.allowInline` lets pods write it.
     inline: Option<Form<'c>>,
+    /// `policy.allowInline`: without it the key=value form is read for `profile=<name>,…` only.
+    allow_inline: bool,
     /// `policy.allowInline`'s origin, for the refusal of the inline forms.
     policy_origin: &'c str,
 }
@@ -364,8 +370,14 @@ impl<'c> Cel<'c> {
             prefix: format!("{}/", cfg.prefix),
             served,
             profiles: cfg.profiles.keys().map(String::as_str).collect(),
+            all: cfg.profiles.iter().map(|(n, p)| (n.as_str(), p)).collect(),
+            default_size: cfg
+                .policy
+                .require_size_limit
+                .then_some(cfg.policy.default_size_limit_text.as_str()),
             max_volumes: cfg.policy.max_volumes_per_pod,
-            inline: cfg.policy.allow_inline.then(|| Form::new(&cfg.policy)),
+            inline: Some(Form::new(&cfg.policy)),
+            allow_inline: cfg.policy.allow_inline,
             policy_origin: &cfg.policy.origin,
         }
     }
@@ -381,29 +393,28 @@ impl<'c> Cel<'c> {
     fn per_annotation(
         &self,
         by_form: impl Fn(&Form<'c>) -> String,
-        pick: impl Fn(&Profile) -> String,
+        pick: impl Fn(&Profile, bool) -> String,
     ) -> String {
-        let profile = match self.served.split_last() {
-            None => None,
-            Some(((_, last), rest)) => {
-                let mut out = String::new();
-                for (name, p) in rest {
-                    out.push_str(&format!(
-                        "variables.values[k] == {} ? {} : ",
-                        quote(name),
-                        pick(p)
-                    ));
-                }
-                out.push_str(&pick(last));
-                Some(out)
+        // A chain of conditionals on `of`, the last profile without a test.
+        let chain = |of: &str, profiles: &[(&str, &Profile)], fields: bool| {
+            let ((_, last), rest) = profiles.split_last()?;
+            let mut out = String::new();
+            for (name, p) in rest {
+                out.push_str(&format!("{of} == {} ? {} : ", quote(name), pick(p, fields)));
             }
+            out.push_str(&pick(last, fields));
+            Some(out)
         };
-        match (&self.inline, profile) {
-            (Some(form), Some(profile)) => {
-                format!("(k in variables.kv ? {} : {profile})", by_form(form))
-            }
-            (Some(form), None) => by_form(form),
-            (None, Some(profile)) => format!("({profile})"),
+        let by_name = chain("variables.values[k]", self.served, false);
+        let with_fields = chain("variables.kv[k]['profile']", &self.all, true);
+        let inline = self.inline.as_ref().map(|form| match &with_fields {
+            Some(w) => format!("('profile' in variables.kv[k] ? ({w}) : {})", by_form(form)),
+            None => by_form(form),
+        });
+        match (inline, by_name) {
+            (Some(inline), Some(by_name)) => format!("(k in variables.kv ? {inline} : {by_name})"),
+            (Some(inline), None) => inline,
+            (None, Some(by_name)) => format!("({by_name})"),
             (None, None) => "null".to_owned(),
         }
     }
@@ -411,6 +422,19 @@ impl<'c> Cel<'c> {
     /// A map from each annotation without problems to `value` of it (a CEL expression of `k`).
     fn each_known(value: String) -> String {
         format!("variables.known.transformMapEntry(i, k, {{k: {value}}})")
+    }
+
+    /// A profile's source as the webhook writes it: with the policy's default size when the
+    /// policy requires one and the profile's emptyDir has none (not HugePages).
+    fn source_of(&self, p: &Profile) -> Value {
+        let mut source: Value = serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
+        if let (Some(default), VolumeKind::EmptyDir) = (self.default_size, p.compiled.kind)
+            && p.compiled.medium != Medium::HugePages
+            && source.get("sizeLimit").is_none()
+        {
+            source["sizeLimit"] = json!(default);
+        }
+        source
     }
 
     /// What the pod holds already that an asked-for volume would clash with, as the webhook
@@ -423,11 +447,18 @@ impl<'c> Cel<'c> {
         let own = inline::normalized("m.mountPath");
         let same = self.per_annotation(
             |f| f.same(),
-            |p| {
-                let source: Value =
-                    serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
+            |p, fields| {
+                let mut source = self.source_of(p);
                 let field = kind_field(p.compiled.kind);
                 let mut checks = vec![format!("has(v.{field})")];
+                if let (true, Some(at)) = (fields, size_pointer(p.compiled.kind)) {
+                    // The size the annotation may set, compared as a quantity; the rest as
+                    // the profile has it.
+                    let size = source.pointer_mut(at).map(Value::take);
+                    let wanted = Form::size_or(size.as_ref().and_then(Value::as_str));
+                    checks.push(same_size(p.compiled.kind, &wanted));
+                    remove_empty(&mut source);
+                }
                 cel::same_as(&format!("v.{field}"), &source, &mut checks);
                 format!("({})", checks.join(" && "))
             },
@@ -476,22 +507,25 @@ impl<'c> Cel<'c> {
         let known = list(self.profiles.iter().copied());
         let defined = self.profiles.join(", ");
         let origin = self.policy_origin;
+        let json = if self.allow_inline {
+            "the JSON form is read by the webhook only: write key=value pairs or a profile name"
+                .to_owned()
+        } else {
+            format!("{origin}.allowInline is false: name one of the cluster\\'s profiles")
+        };
         let inline = match &self.inline {
             Some(form) => format!(
-                "v.startsWith('{{') ? ['the JSON form is read by the webhook only: write key=value pairs or a profile name'] \
+                "v.startsWith('{{') ? ['{json}'] \
                  : v.contains('=') && v.size() > {max} ? ['the value is ' + string(v.size()) + ' characters long; \
                  the admission policies read key=value values of at most {max} (a profile holds a longer one)'] \
                  : v.contains('=') && v.split(',').size() > {pairs} ? ['the value has ' + string(v.split(',').size()) + \
                  ' comma-separated parts; the admission policies read key=value values of at most {pairs} (a profile holds more)'] \
                  : v.contains('=') ? ({})",
-                form.problems(),
+                form.problems(&self.all),
                 max = inline::MAX_VALUE,
                 pairs = inline::MAX_PAIRS,
             ),
-            None => format!(
-                "v.contains('profile=') ? ['the admission policies read a profile name only: profile=<name> with fields needs the webhook'] \
-                 : v.contains('=') || v.startsWith('{{') ? ['{origin}.allowInline is false: name one of the cluster\\'s profiles']"
-            ),
+            None => String::new(),
         };
         let mut by_name = format!(
             "!(v in {known}) ? ['profile \"' + v + '\" is not defined (defined: {defined})']"
@@ -523,11 +557,32 @@ impl<'c> Cel<'c> {
                 out.push(json!({"name": name, "expression": expression}));
             }
         }
-        let mount_path = |p: &Profile| quote(p.mount.mount_path.as_deref().unwrap_or(""));
-        let read_only =
-            |p: &Profile| quote(&p.mount.read_only.map(|r| r.to_string()).unwrap_or_default());
-        let sub_path = |p: &Profile| quote(p.mount.sub_path.as_deref().unwrap_or(""));
-        let env = |p: &Profile| list(p.mount.env.iter().flatten().map(String::as_str));
+        // The profile's, or with `profile=<name>,…` the annotation's where it sets one.
+        let mount_path = |p: &Profile, fields: bool| {
+            let path = quote(p.mount.mount_path.as_deref().unwrap_or(""));
+            if fields { Form::path_or(&path) } else { path }
+        };
+        let read_only = |p: &Profile, fields: bool| {
+            let ro = quote(&p.mount.read_only.map(|r| r.to_string()).unwrap_or_default());
+            if fields {
+                Form::field_or("readOnly", &ro)
+            } else {
+                ro
+            }
+        };
+        let sub_path = |p: &Profile, fields: bool| {
+            let sub = quote(p.mount.sub_path.as_deref().unwrap_or(""));
+            if fields {
+                Form::field_or("subPath", &sub)
+            } else {
+                sub
+            }
+        };
+        let env = |p: &Profile, fields: bool| {
+            let env = list(p.mount.env.iter().flatten().map(String::as_str));
+            if fields { Form::env_or(&env) } else { env }
+        };
+
         out.extend([
             json!({"name": "problems",
                    "expression": format!("variables.values.transformMap(k, v, {})", self.problems(refused))}),
@@ -573,14 +628,36 @@ impl<'c> Cel<'c> {
         let n = self.volume();
         let volume = self.per_annotation(
             |form| form.volume(&n),
-            |p| {
-                let source: Value =
-                    serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
+            |p, fields| {
+                let mut source = self.source_of(p);
                 let field = kind_field(p.compiled.kind);
-                format!(
-                    "Object.spec.volumes{{name: {n}, {field}: {}}}",
-                    typed(&format!("Object.spec.volumes.{field}"), &source)
-                )
+                let placeholder = "\u{0}size\u{0}";
+                let size = match size_pointer(p.compiled.kind) {
+                    Some(at) if fields => {
+                        let size = source
+                            .pointer(at)
+                            .and_then(Value::as_str)
+                            .map(str::to_owned);
+                        set_pointer(&mut source, at, placeholder);
+                        Some(size)
+                    }
+                    _ => None,
+                };
+                let mut text = typed(&format!("Object.spec.volumes.{field}"), &source);
+                if let Some(size) = size {
+                    // The annotation's size, else the profile's; an emptyDir with neither has
+                    // no sizeLimit.
+                    let at = size_field(p.compiled.kind);
+                    let quoted = quote(placeholder);
+                    text = match size {
+                        Some(size) => text.replace(&quoted, &Form::size_or(Some(&size))),
+                        None => text.replace(
+                            &format!("{at}: {quoted}"),
+                            &format!("?{at}: variables.kv[k][?'size']"),
+                        ),
+                    };
+                }
+                format!("Object.spec.volumes{{name: {n}, {field}: {text}}}")
             },
         );
         let mount = format!(
@@ -643,6 +720,64 @@ impl<'c> Cel<'c> {
             ),
             "reason": "Invalid",
         }])
+    }
+}
+
+/// Where a source of this kind keeps its size, as a JSON pointer into it (a CSI volume has none).
+fn size_pointer(kind: VolumeKind) -> Option<&'static str> {
+    match kind {
+        VolumeKind::EmptyDir => Some("/sizeLimit"),
+        VolumeKind::Ephemeral => Some("/volumeClaimTemplate/spec/resources/requests/storage"),
+        VolumeKind::Csi => None,
+    }
+}
+
+/// The size's field as a CEL path below the source.
+fn size_field(kind: VolumeKind) -> &'static str {
+    match kind {
+        VolumeKind::Ephemeral => "volumeClaimTemplate.spec.resources.requests['storage']",
+        _ => "sizeLimit",
+    }
+}
+
+/// Whether the pod's own volume `v` of this kind has the size `wanted` (a CEL string, `''`
+/// for none), as a quantity: `1024Mi` is `1Gi`.
+fn same_size(kind: VolumeKind, wanted: &str) -> String {
+    match kind {
+        VolumeKind::Ephemeral => {
+            let spec = "v.ephemeral.volumeClaimTemplate.spec";
+            format!(
+                "(has(v.ephemeral.volumeClaimTemplate) && has({spec}.resources) && has({spec}.resources.requests) \
+                 && 'storage' in {spec}.resources.requests \
+                 && quantity(string({spec}.resources.requests['storage'])).compareTo(quantity({wanted})) == 0)"
+            )
+        }
+        _ => format!(
+            "(({wanted}) == '' ? !has(v.emptyDir.sizeLimit) : has(v.emptyDir.sizeLimit) \
+             && quantity(string(v.emptyDir.sizeLimit)).compareTo(quantity({wanted})) == 0)"
+        ),
+    }
+}
+
+/// Sets the string at `pointer` (its parent objects made when missing).
+fn set_pointer(value: &mut Value, pointer: &str, text: &str) {
+    let mut at = value;
+    for part in pointer.split('/').skip(1) {
+        if !at.is_object() {
+            *at = json!({});
+        }
+        at = &mut at[part];
+    }
+    *at = Value::String(text.to_owned());
+}
+
+/// Drops the nulls a taken value left, and the objects left empty by it.
+fn remove_empty(value: &mut Value) {
+    if let Value::Object(fields) = value {
+        for v in fields.values_mut() {
+            remove_empty(v);
+        }
+        fields.retain(|_, v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty()));
     }
 }
 

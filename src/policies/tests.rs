@@ -92,11 +92,12 @@ fn every_profile_is_added_as_its_typed_source_with_its_mount_and_variables() {
 }
 
 #[test]
-fn a_profile_the_webhook_refuses_by_name_is_refused_with_its_reason_and_never_added() {
-    // A profile without a mount path needs profile=bare,mountPath=… (the webhook's only).
+fn a_profile_the_webhook_refuses_by_name_is_refused_with_its_reason_and_never_added_by_name() {
+    // A profile without a mount path is served as profile=bare,mountPath=… only.
     let p = compiled("  maxVolumesPerPod: 3\n");
     let m = p.documents[0]["spec"]["mutations"].to_string();
-    assert!(!m.contains("'bare'") && !m.contains("5Gi"), "{m}");
+    assert!(!m.contains("variables.values[k] == 'bare'"), "{m}");
+    assert!(m.contains("variables.kv[k]['profile'] == 'bare'"), "{m}");
     let v = text(&p, "ValidatingAdmissionPolicy");
     assert!(
         v.contains(
@@ -108,18 +109,41 @@ fn a_profile_the_webhook_refuses_by_name_is_refused_with_its_reason_and_never_ad
 }
 
 #[test]
-fn the_key_value_form_is_read_only_when_the_policy_allows_it() {
+fn without_allow_inline_only_a_profile_with_fields_is_read_in_the_key_value_form() {
     let closed = compiled("");
     let v = text(&closed, "ValidatingAdmissionPolicy");
     assert!(v.contains("policy.allowInline is false"), "{v}");
-    assert!(!v.contains("variables.kv"), "{v}");
+    // profile=<name>,… names a profile: the webhook serves it whatever allowInline says.
+    assert!(v.contains("('profile' in variables.kv[k]) ? ("), "{v}");
     let cfg = Config::parse(PROFILES).unwrap();
     let open = compile(&cfg, "evi", &[]).unwrap();
     let v = text(&open, "ValidatingAdmissionPolicy");
-    assert!(
-        !v.contains("policy.allowInline is false") && v.contains("variables.kv"),
-        "{v}"
-    );
+    assert!(!v.contains("policy.allowInline is false"), "{v}");
+}
+
+#[test]
+fn a_profile_with_fields_takes_the_annotations_size_mount_and_variables() {
+    let p =
+        compiled("  maxSize: {memory: 8Gi}\n  requireSizeLimit: true\n  defaultSizeLimit: 4Gi\n");
+    let m = text(&p, "MutatingAdmissionPolicy");
+    for part in [
+        // shm's sizeLimit, scratch's storage: the annotation's size, else the profile's
+        "sizeLimit: variables.kv[k][?'size'].orValue('1Gi')",
+        "{'storage': variables.kv[k][?'size'].orValue('200Gi')}",
+        // bare (no mount path of its own) as it is, with the annotation's mount path
+        "variables.kv[k]['profile'] == 'bare'",
+        "variables.envs[k] : ['TMPDIR']",
+    ] {
+        assert!(m.contains(part), "{part} not in {m}");
+    }
+    let v = text(&p, "ValidatingAdmissionPolicy");
+    for part in [
+        "size does not apply to a CSI inline volume",
+        "exceeds policy.maxSize.memory (8Gi)",
+        "mountPath is required: profile \\\"bare\\\" does not set one",
+    ] {
+        assert!(v.contains(part), "{part} not in {v}");
+    }
 }
 
 #[test]
@@ -140,7 +164,9 @@ fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
         "is empty",
         "attr. needs a key",
         "needs the JSON form",
-        "in ['profile', 'containers', 'initContainers']",
+        "in ['containers', 'initContainers']",
+        "does not apply to profile=",
+        "a profile fixes the volume source",
         "size=request: the admission policies",
         "no volume source",
         "is not one of emptyDir, csi, ephemeral",

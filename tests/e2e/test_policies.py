@@ -40,6 +40,7 @@ CONFIG = {
                     "csi": {"driver": "secrets-store.csi.k8s.io", "readOnly": True,
                             "volumeAttributes": {"secretProviderClass": "vault-db"}}},
         "bare": {"emptyDir": {"sizeLimit": "2Gi"}},
+        "nosize": {"mountPath": "/n", "emptyDir": {}},
     },
     "policy": {"maxVolumesPerPod": 4, "types": ["emptyDir", "csi", "ephemeral"],
                "storageClasses": ["gp3", "standard"], "csiDrivers": ["secrets-store.csi.k8s.io"],
@@ -51,7 +52,7 @@ VALUES = {"config": CONFIG, "webhook": {"excludeNamespaces": [POLICIES_NS, BOUND
 
 release = release_fixture("evi-parity", VALUES)
 
-GOOD = ["scratch", "shm", "secrets", " shm ", "type=emptyDir,size=10Gi,mountPath=/scratch//a/./,env=TMPDIR;SCRATCH",
+GOOD = ["scratch", "shm", "secrets", " shm ", "nosize", "type=emptyDir,size=10Gi,mountPath=/scratch//a/./,env=TMPDIR;SCRATCH",
         "type=csi,driver=secrets-store.csi.k8s.io,attr.secretProviderClass=vault-db,mountPath=/mnt/secrets,readOnly=true"]
 BAD = ["nope", "bare", "Scratch"]
 # The key=value form: every field of each type, the policy's limits met.
@@ -66,6 +67,16 @@ KEY_VALUE = [
     "type=ephemeral,size=1Ti,storageClass=standard,mountPath=/scratch,env=TMPDIR",
     "type=csi,driver=secrets-store.csi.k8s.io,fsType=ext4,attr.a=1,attr.b.c=x=y,mountPath=/mnt/s",
     "type=csi,driver=secrets-store.csi.k8s.io,mountPath=/mnt/s,readOnly=false",
+    # A profile with the fields an annotation may change.
+    "profile=shm,size=2Gi",
+    "profile=shm,mountPath=/x/,readOnly=true,subPath=a,env=A;B",
+    "profile=scratch,size=300Gi",
+    "profile=scratch,env=SCRATCH",
+    "profile=bare,mountPath=/bare",
+    "profile=nosize,size=3Gi",
+    "profile=nosize",
+    "profile=secrets,readOnly=false",
+    "profile=secrets,mountPath=/s2",
 ]
 # Refused either way, each naming the field (or the value) that is wrong.
 KEY_VALUE_BAD = {
@@ -101,9 +112,18 @@ KEY_VALUE_BAD = {
     "type=csi,driver=ebs.csi.aws.com,mountPath=/s": "ebs.csi.aws.com",
     "type=csi,driver=secrets-store.csi.k8s.io,size=1Gi,mountPath=/s": "size does not apply",
     "type=csi,driver=secrets-store.csi.k8s.io,attr.=x,mountPath=/s": "attr.",
+    "profile=secrets,size=1Gi": "size",
+    "profile=shm,medium=Memory": "medium",
+    "profile=shm,size=9Gi": "maxSize.memory",
+    "profile=shm,size=0": "size",
+    "profile=scratch,size=2Ti": "maxSize.ephemeral",
+    "profile=bare": "mountPath",
+    "profile=nope,mountPath=/x": '"nope"',
+    "profile=shm,storageClass=gp3": "storageClass",
+    "profile=shm,mountPath=relative": '"relative"',
 }
 # Served by the webhook only: the policies refuse them, naming the annotation (docs/policies.md).
-WEBHOOK_ONLY = ["profile=bare,mountPath=/bare", "type=emptyDir,mountPath=/s,containers=main",
+WEBHOOK_ONLY = ["type=emptyDir,mountPath=/s,containers=main", "profile=shm,containers=main",
                 "type=ephemeral,size=request,storageClass=gp3,mountPath=/s", '{"mountPath": "/x", "emptyDir": {}}']
 SHAPES = {
     "one container": {},
@@ -260,9 +280,9 @@ def test_the_corpus_covers_admissions_and_refusals(cluster, release, policies):
 @pytest.mark.parametrize("value", WEBHOOK_ONLY)
 def test_what_only_the_webhook_serves_the_policies_refuse_naming_the_annotation_and_why(cluster, release, policies,
                                                                                       value):
-    """The documented differences: a profile with fields, a container list, a size from the
-    containers' requests and the JSON form are served by the webhook and refused by the
-    policies, naming the annotation and saying the webhook serves it."""
+    """The documented differences: a container list, a size from the containers' requests and
+    the JSON form are served by the webhook and refused by the policies, naming the annotation
+    and saying the webhook serves it."""
     webhook, policy = both(cluster, {f"{P}/vol": value}, {})
     assert webhook.returncode == 0, webhook.stderr
     assert policy.returncode != 0 and f"annotation {P}/vol: " in policy.stderr, policy.stderr
