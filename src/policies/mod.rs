@@ -1,13 +1,14 @@
 //! The configuration compiled into admission policies the API server runs itself
 //! (`ephemeral-volume-injector policies`; admissionregistration.k8s.io/v1, Kubernetes 1.36+):
 //! a MutatingAdmissionPolicy that adds the volumes, mounts, variables and status annotation a
-//! pod's annotations ask for by profile name, and a ValidatingAdmissionPolicy that refuses what
-//! the webhook would refuse, each with its binding. docs/policies.md says what they do and
-//! what only the webhook does.
+//! pod's annotations ask for, ValidatingAdmissionPolicies that refuse what the webhook would
+//! refuse (of a pod, of a pod controller's template) and one that warns of a pod past the
+//! bounds, each with its binding. docs/policies.md says what they do and what only the
+//! webhook does.
 //!
-//! What the compiler serves: profiles named by an annotation's whole value and the key=value
-//! form (inline.rs) under the configuration's `policy`, with mount path, readOnly, subPath and
-//! variables, into every container. A configuration that needs more (rules, overrides, audit,
+//! What the compiler serves: profiles named by an annotation's whole value or with fields
+//! (`profile=<name>,size=…`), and the key=value form (inline.rs) under the configuration's
+//! `policy`, with mount path, readOnly, subPath and variables, into every container. A configuration that needs more (rules, overrides, audit,
 //! `onError: warn`, a profile's own container list or `size: request`) is refused, naming the
 //! key, rather than compiled into policies that would treat pods otherwise; what no policy can
 //! do (the cluster checks, the webhook's warnings, the JSON form) is said as a note.
@@ -162,12 +163,11 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
 fn notes(cfg: &Config) -> Vec<String> {
     let mut notes =
         vec![if cfg.policy.allow_inline {
-        "the JSON form, and in the key=value form a profile with fields (profile=<name>,…), \
-         containers, initContainers and size=request, are read by the webhook only: the policies \
-         refuse them, naming the annotation"
+        "the JSON form, and in the key=value form containers, initContainers and size=request, \
+         are read by the webhook only: the policies refuse them, naming the annotation"
     } else {
-        "a profile with fields (profile=<name>,…) is read by the webhook only: the policies \
-         refuse it, naming the annotation"
+        "in the key=value form containers, initContainers and size=request are read by the \
+         webhook only: the policies refuse them, naming the annotation"
     }
     .to_owned()];
     notes.extend([
