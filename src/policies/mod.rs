@@ -356,8 +356,8 @@ struct Cel<'c> {
     profiles: Vec<&'c str>,
     /// `policy.maxVolumesPerPod`.
     max_volumes: Option<usize>,
-    /// The key=value form, when `policy.allowInline` lets pods write it.
-    inline: Option<Form<'c>>,
+    /// The key=value form (without `policy.allowInline`, for `profile=<name>,…` only).
+    form: Form<'c>,
     /// `policy.allowInline`: without it the key=value form is read for `profile=<name>,…` only.
     allow_inline: bool,
     /// `policy.allowInline`'s origin, for the refusal of the inline forms.
@@ -376,7 +376,7 @@ impl<'c> Cel<'c> {
                 .require_size_limit
                 .then_some(cfg.policy.default_size_limit_text.as_str()),
             max_volumes: cfg.policy.max_volumes_per_pod,
-            inline: Some(Form::new(&cfg.policy)),
+            form: Form::new(&cfg.policy),
             allow_inline: cfg.policy.allow_inline,
             policy_origin: &cfg.policy.origin,
         }
@@ -407,15 +407,16 @@ impl<'c> Cel<'c> {
         };
         let by_name = chain("variables.values[k]", self.served, false);
         let with_fields = chain("variables.kv[k]['profile']", &self.all, true);
-        let inline = self.inline.as_ref().map(|form| match &with_fields {
-            Some(w) => format!("('profile' in variables.kv[k] ? ({w}) : {})", by_form(form)),
-            None => by_form(form),
-        });
-        match (inline, by_name) {
-            (Some(inline), Some(by_name)) => format!("(k in variables.kv ? {inline} : {by_name})"),
-            (Some(inline), None) => inline,
-            (None, Some(by_name)) => format!("({by_name})"),
-            (None, None) => "null".to_owned(),
+        let inline = match &with_fields {
+            Some(w) => format!(
+                "('profile' in variables.kv[k] ? ({w}) : {})",
+                by_form(&self.form)
+            ),
+            None => by_form(&self.form),
+        };
+        match by_name {
+            Some(by_name) => format!("(k in variables.kv ? {inline} : {by_name})"),
+            None => inline,
         }
     }
 
@@ -513,20 +514,17 @@ impl<'c> Cel<'c> {
         } else {
             format!("{origin}.allowInline is false: name one of the cluster\\'s profiles")
         };
-        let inline = match &self.inline {
-            Some(form) => format!(
-                "v.startsWith('{{') ? ['{json}'] \
+        let inline = format!(
+            "v.startsWith('{{') ? ['{json}'] \
                  : v.contains('=') && v.size() > {max} ? ['the value is ' + string(v.size()) + ' characters long; \
                  the admission policies read key=value values of at most {max} (a profile holds a longer one)'] \
                  : v.contains('=') && v.split(',').size() > {pairs} ? ['the value has ' + string(v.split(',').size()) + \
                  ' comma-separated parts; the admission policies read key=value values of at most {pairs} (a profile holds more)'] \
                  : v.contains('=') ? ({})",
-                form.problems(&self.all),
-                max = inline::MAX_VALUE,
-                pairs = inline::MAX_PAIRS,
-            ),
-            None => String::new(),
-        };
+            self.form.problems(&self.all),
+            max = inline::MAX_VALUE,
+            pairs = inline::MAX_PAIRS,
+        );
         let mut by_name = format!(
             "!(v in {known}) ? ['profile \"' + v + '\" is not defined (defined: {defined})']"
         );
@@ -552,10 +550,8 @@ impl<'c> Cel<'c> {
                    "expression": "variables.over != '' ? {} : \
                                   variables.asked.transformMapEntry(i, k, {k: variables.annotations[k].trim()})"}),
         ];
-        if self.inline.is_some() {
-            for (name, expression) in Form::variables() {
-                out.push(json!({"name": name, "expression": expression}));
-            }
+        for (name, expression) in Form::variables() {
+            out.push(json!({"name": name, "expression": expression}));
         }
         // The profile's, or with `profile=<name>,…` the annotation's where it sets one.
         let mount_path = |p: &Profile, fields: bool| {
@@ -676,20 +672,14 @@ impl<'c> Cel<'c> {
              .map(k, JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/volumeMounts/-', value: {mount}}})\
              ).flatten()"
         );
-        if self.inline.is_some()
-            || self
-                .served
-                .iter()
-                .any(|(_, p)| p.mount.env.as_ref().is_some_and(|e| !e.is_empty()))
-        {
-            let added = "variables.served.map(k, variables.env[k].filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
-                 .map(e, JSONPatch{op: 'add', path: '/spec/containers/' + string(i) + '/env/-', \
-                 value: Object.spec.containers.env{name: e, value: variables.paths[k]}})).flatten()";
-            out.push_str(&format!(
-                "\n+ object.spec.containers.transformList(i, c,\n  ({added}.size() == 0 || has(c.env) ? [] : \
-                 [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env', value: []}}])\n  + {added}).flatten()"
-            ));
-        }
+        // Variables: any profile, and any annotation, may name some.
+        let added = "variables.served.map(k, variables.env[k].filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
+             .map(e, JSONPatch{op: 'add', path: '/spec/containers/' + string(i) + '/env/-', \
+             value: Object.spec.containers.env{name: e, value: variables.paths[k]}})).flatten()";
+        out.push_str(&format!(
+            "\n+ object.spec.containers.transformList(i, c,\n  ({added}.size() == 0 || has(c.env) ? [] : \
+             [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env', value: []}}])\n  + {added}).flatten()"
+        ));
         // The status annotation names every volume the annotations ask for, written whenever
         // anything else is (as the webhook writes it), so never on a pod that has it all.
         format!(
