@@ -15,6 +15,7 @@
 
 mod cel;
 mod inline;
+mod sources;
 mod workloads;
 
 use serde_json::{Value, json};
@@ -32,7 +33,7 @@ use crate::{
 };
 
 use self::{
-    cel::{list, quote, typed},
+    cel::{list, quote},
     inline::Form,
     workloads::workload_policy,
 };
@@ -448,21 +449,7 @@ impl<'c> Cel<'c> {
         let own = inline::normalized("m.mountPath");
         let same = self.per_annotation(
             |f| f.same(),
-            |p, fields| {
-                let mut source = self.source_of(p);
-                let field = kind_field(p.compiled.kind);
-                let mut checks = vec![format!("has(v.{field})")];
-                if let (true, Some(at)) = (fields, size_pointer(p.compiled.kind)) {
-                    // The size the annotation may set, compared as a quantity; the rest as
-                    // the profile has it.
-                    let size = source.pointer_mut(at).map(Value::take);
-                    let wanted = Form::size_or(size.as_ref().and_then(Value::as_str));
-                    checks.push(same_size(p.compiled.kind, &wanted));
-                    remove_empty(&mut source);
-                }
-                cel::same_as(&format!("v.{field}"), &source, &mut checks);
-                format!("({})", checks.join(" && "))
-            },
+            |p, fields| sources::same(&self.source_of(p), p.compiled.kind, fields),
         );
         format!(
             "variables.known.map(k, \
@@ -624,37 +611,7 @@ impl<'c> Cel<'c> {
         let n = self.volume();
         let volume = self.per_annotation(
             |form| form.volume(&n),
-            |p, fields| {
-                let mut source = self.source_of(p);
-                let field = kind_field(p.compiled.kind);
-                let placeholder = "\u{0}size\u{0}";
-                let size = match size_pointer(p.compiled.kind) {
-                    Some(at) if fields => {
-                        let size = source
-                            .pointer(at)
-                            .and_then(Value::as_str)
-                            .map(str::to_owned);
-                        set_pointer(&mut source, at, placeholder);
-                        Some(size)
-                    }
-                    _ => None,
-                };
-                let mut text = typed(&format!("Object.spec.volumes.{field}"), &source);
-                if let Some(size) = size {
-                    // The annotation's size, else the profile's; an emptyDir with neither has
-                    // no sizeLimit.
-                    let at = size_field(p.compiled.kind);
-                    let quoted = quote(placeholder);
-                    text = match size {
-                        Some(size) => text.replace(&quoted, &Form::size_or(Some(&size))),
-                        None => text.replace(
-                            &format!("{at}: {quoted}"),
-                            &format!("?{at}: variables.kv[k][?'size']"),
-                        ),
-                    };
-                }
-                format!("Object.spec.volumes{{name: {n}, {field}: {text}}}")
-            },
+            |p, fields| sources::volume(self.source_of(p), p.compiled.kind, fields, &n),
         );
         let mount = format!(
             "Object.spec.containers.volumeMounts{{name: {n}, mountPath: variables.paths[k], \
@@ -710,73 +667,6 @@ impl<'c> Cel<'c> {
             ),
             "reason": "Invalid",
         }])
-    }
-}
-
-/// Where a source of this kind keeps its size, as a JSON pointer into it (a CSI volume has none).
-fn size_pointer(kind: VolumeKind) -> Option<&'static str> {
-    match kind {
-        VolumeKind::EmptyDir => Some("/sizeLimit"),
-        VolumeKind::Ephemeral => Some("/volumeClaimTemplate/spec/resources/requests/storage"),
-        VolumeKind::Csi => None,
-    }
-}
-
-/// The size's field as a CEL path below the source.
-fn size_field(kind: VolumeKind) -> &'static str {
-    match kind {
-        VolumeKind::Ephemeral => "volumeClaimTemplate.spec.resources.requests['storage']",
-        _ => "sizeLimit",
-    }
-}
-
-/// Whether the pod's own volume `v` of this kind has the size `wanted` (a CEL string, `''`
-/// for none), as a quantity: `1024Mi` is `1Gi`.
-fn same_size(kind: VolumeKind, wanted: &str) -> String {
-    match kind {
-        VolumeKind::Ephemeral => {
-            let spec = "v.ephemeral.volumeClaimTemplate.spec";
-            format!(
-                "(has(v.ephemeral.volumeClaimTemplate) && has({spec}.resources) && has({spec}.resources.requests) \
-                 && 'storage' in {spec}.resources.requests \
-                 && quantity(string({spec}.resources.requests['storage'])).compareTo(quantity({wanted})) == 0)"
-            )
-        }
-        _ => format!(
-            "(({wanted}) == '' ? !has(v.emptyDir.sizeLimit) : has(v.emptyDir.sizeLimit) \
-             && quantity(string(v.emptyDir.sizeLimit)).compareTo(quantity({wanted})) == 0)"
-        ),
-    }
-}
-
-/// Sets the string at `pointer` (its parent objects made when missing).
-fn set_pointer(value: &mut Value, pointer: &str, text: &str) {
-    let mut at = value;
-    for part in pointer.split('/').skip(1) {
-        if !at.is_object() {
-            *at = json!({});
-        }
-        at = &mut at[part];
-    }
-    *at = Value::String(text.to_owned());
-}
-
-/// Drops the nulls a taken value left, and the objects left empty by it.
-fn remove_empty(value: &mut Value) {
-    if let Value::Object(fields) = value {
-        for v in fields.values_mut() {
-            remove_empty(v);
-        }
-        fields.retain(|_, v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty()));
-    }
-}
-
-/// The volume's field for a source of this kind.
-fn kind_field(kind: VolumeKind) -> &'static str {
-    match kind {
-        VolumeKind::EmptyDir => "emptyDir",
-        VolumeKind::Csi => "csi",
-        VolumeKind::Ephemeral => "ephemeral",
     }
 }
 
