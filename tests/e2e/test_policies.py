@@ -406,7 +406,8 @@ def test_an_update_that_changes_a_deployments_template_is_checked_either_way(clu
         cluster.create(d)
     results = []
     for ns in (WEBHOOK_NS, POLICIES_NS):
-        patch = json.dumps({"spec": {"template": {"metadata": {"annotations": {f"{P}/tmp": "type=emptyDir,size=1Ti,mountPath=/t"}}}}})
+        asks = {f"{P}/tmp": "type=emptyDir,size=1Ti,mountPath=/t"}
+        patch = json.dumps({"spec": {"template": {"metadata": {"annotations": asks}}}})
         results.append(cluster.kubectl("patch", "deployment", "parity-update", "-n", ns, "--type=merge", "-p", patch,
                                        "--dry-run=server", check=False))
         label = cluster.kubectl("label", "deployment", "parity-update", "-n", ns, "team=a", "--dry-run=server",
