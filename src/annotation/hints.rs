@@ -163,26 +163,28 @@ pub(super) fn colon_pairs(value: &str) -> Option<String> {
     (!fixed.is_empty()).then(|| fixed.join(","))
 }
 
+/// The fields of the grammar, `attr.<key>` aside: what the parser reads and the admission
+/// policies (src/policies) read the same way.
+pub const FIELD_NAMES: [&str; 17] = [
+    "profile",
+    "type",
+    "emptyDir",
+    "csi",
+    "ephemeral",
+    "size",
+    "medium",
+    "storageClass",
+    "accessMode",
+    "driver",
+    "fsType",
+    "mountPath",
+    "readOnly",
+    "subPath",
+    "containers",
+    "initContainers",
+    "env",
+];
+
 pub(super) fn is_field(key: &str) -> bool {
-    key.strip_prefix("attr.").is_some_and(|k| !k.is_empty())
-        || matches!(
-            key,
-            "profile"
-                | "type"
-                | "emptyDir"
-                | "csi"
-                | "ephemeral"
-                | "size"
-                | "medium"
-                | "storageClass"
-                | "accessMode"
-                | "driver"
-                | "fsType"
-                | "mountPath"
-                | "readOnly"
-                | "subPath"
-                | "containers"
-                | "initContainers"
-                | "env"
-        )
+    key.strip_prefix("attr.").is_some_and(|k| !k.is_empty()) || FIELD_NAMES.contains(&key)
 }

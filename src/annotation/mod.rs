@@ -8,6 +8,7 @@ mod hints;
 
 use std::{collections::BTreeMap, str::FromStr};
 
+pub use self::hints::FIELD_NAMES;
 use self::hints::{
     colon_pairs, comma_separated, intended_field, is_field, suggestion, unknown_field, unquoted,
 };

@@ -7,33 +7,13 @@
 //! need are refused as the webhook's only, naming the field.
 
 use crate::{
+    annotation::FIELD_NAMES,
     config::Policy,
     quantity::Quantity,
     volume::{Medium, Profile, VolumeKind},
 };
 
 use super::cel::{list, quote};
-
-/// The fields of the grammar (`attr.<key>` aside).
-const FIELDS: [&str; 17] = [
-    "profile",
-    "type",
-    "emptyDir",
-    "csi",
-    "ephemeral",
-    "size",
-    "medium",
-    "storageClass",
-    "accessMode",
-    "driver",
-    "fsType",
-    "mountPath",
-    "readOnly",
-    "subPath",
-    "containers",
-    "initContainers",
-    "env",
-];
 
 /// The fields an annotation naming a profile may set (the webhook's only aside).
 const PROFILE_FIELDS: [&str; 8] = [
@@ -161,7 +141,7 @@ impl<'p> Form<'p> {
             format!(
                 "{PAIRS}.filter(p, p.size() == 2 && !(p[0] in {}) && !p[0].startsWith('attr.'))\
                  .map(p, 'unknown field \"' + p[0] + '\"')",
-                list(FIELDS)
+                list(FIELD_NAMES)
             ),
             "variables.twice[k].map(f, f + ' is given twice')".to_owned(),
         ];
@@ -218,7 +198,7 @@ impl<'p> Form<'p> {
             format!(
                 "{KV}.filter(f, (f in {} || f.startsWith('attr.')) && f != 'readOnly' && f != 'attr.' \
                  && {KV}[f] == '').map(f, f + ' is empty')",
-                list(FIELDS)
+                list(FIELD_NAMES)
             ),
             when(
                 &has("attr."),
@@ -329,7 +309,7 @@ impl<'p> Form<'p> {
             format!(
                 "{KV}.filter(f, (f in {} || f.startsWith('attr.')) && !(f in {})).map(f, f + \
                  ' does not apply to profile=' + {name} + ': a profile fixes the volume source')",
-                list(FIELDS),
+                list(FIELD_NAMES),
                 list(PROFILE_FIELDS)
             ),
             format!("({chain})"),
@@ -439,20 +419,25 @@ impl<'p> Form<'p> {
         out
     }
 
+    /// The size of the emptyDir annotation `k` asks for (`''` for none): its own, else the
+    /// policy's default when it requires one (not for HugePages).
+    fn empty_dir_size(&self) -> String {
+        if self.policy.require_size_limit {
+            format!(
+                "{KV}[?'size'].orValue({KV}[?'medium'].orValue('').startsWith('HugePages') ? '' : {})",
+                quote(&self.policy.default_size_limit_text)
+            )
+        } else {
+            format!("{KV}[?'size'].orValue('')")
+        }
+    }
+
     /// The volume annotation `k` asks for (it has no problems), named `n`: the typed object
     /// the webhook would add.
     pub fn volume(&self, n: &str) -> String {
         let v = "Object.spec.volumes";
-        let size = match (
-            self.policy.require_size_limit,
-            &self.policy.default_size_limit_text,
-        ) {
-            (true, default) => format!(
-                "{KV}[?'size'].or({KV}[?'medium'].orValue('').startsWith('HugePages') ? optional.none() : optional.of({}))",
-                quote(default)
-            ),
-            (false, _) => format!("{KV}[?'size']"),
-        };
+        let size = self.empty_dir_size();
+        let size = format!("({size}) == '' ? optional.none() : optional.of({size})");
         let read_only = format!(
             "{} ? optional.of({} == 'true') : optional.none()",
             has("readOnly"),
@@ -477,16 +462,7 @@ impl<'p> Form<'p> {
     /// annotation sets (as a profile's is compared: [`super::cel::same_as`]).
     pub fn same(&self) -> String {
         let t = kind();
-        let size = match (
-            self.policy.require_size_limit,
-            &self.policy.default_size_limit_text,
-        ) {
-            (true, default) => format!(
-                "{KV}[?'size'].orValue({KV}[?'medium'].orValue('').startsWith('HugePages') ? '' : {})",
-                quote(default)
-            ),
-            (false, _) => format!("{KV}[?'size'].orValue('')"),
-        };
+        let size = self.empty_dir_size();
         let same_size = |at: &str| {
             format!(
                 "(({size}) == '' ? !has({at}) : has({at}) && quantity(string({at})).compareTo(quantity({size})) == 0)"

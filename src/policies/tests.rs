@@ -199,7 +199,7 @@ fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
     let m = text(&p, "MutatingAdmissionPolicy");
     for part in [
         "?medium: variables.kv[k][?'medium']",
-        ": optional.of('4Gi'))",
+        "startsWith('HugePages') ? '' : '4Gi')",
         "?fsType: variables.kv[k][?'fsType']",
         "f.startsWith('attr.') && f.size() > 5, {f.substring(5): x}",
         "accessModes: [variables.kv[k][?'accessMode'].orValue('ReadWriteOnce')]",
