@@ -92,6 +92,49 @@ impl Selector {
     }
 }
 
+impl Selector {
+    /// The same test in CEL, of `labels` (a CEL expression of a map of strings, present even
+    /// when the object has no labels): what the admission policies match a rule with.
+    pub fn cel(&self, labels: &str) -> String {
+        // A JSON string is a CEL string literal (the same escapes).
+        let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+        let list = |vs: &[String]| {
+            let vs: Vec<String> = vs.iter().map(|v| q(v)).collect();
+            format!("[{}]", vs.join(", "))
+        };
+        let mut terms: Vec<String> = self
+            .match_labels
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "({k} in {labels} && {labels}[{k}] == {v})",
+                    k = q(k),
+                    v = q(v)
+                )
+            })
+            .collect();
+        terms.extend(self.expressions.iter().map(|r| match r {
+            Requirement::In(k, vs) => format!(
+                "({k} in {labels} && {labels}[{k}] in {vs})",
+                k = q(k),
+                vs = list(vs)
+            ),
+            Requirement::NotIn(k, vs) => format!(
+                "(!({k} in {labels}) || !({labels}[{k}] in {vs}))",
+                k = q(k),
+                vs = list(vs)
+            ),
+            Requirement::Exists(k) => format!("({} in {labels})", q(k)),
+            Requirement::DoesNotExist(k) => format!("!({} in {labels})", q(k)),
+        }));
+        if terms.is_empty() {
+            "true".to_owned()
+        } else {
+            terms.join(" && ")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,7 @@ use crate::{
     decision::{Decision, Denial, DenyReason},
     echo,
     pod::PodView,
+    volume::{VolumeKind, VolumeRequest},
 };
 
 use self::{
@@ -46,6 +47,50 @@ pub struct PodLocation<'a> {
     /// JSON pointer to the pod in the patched object: `""` for a Pod, `/spec/template` for a
     /// workload's pod template.
     pub pointer: &'a str,
+}
+
+/// A rule's volume as the webhook resolves it, for what does not depend on the pod (the
+/// admission policies write it): its source with the policy's default size, and its mount.
+/// The request's containers and a size from the containers' requests are not read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleVolume {
+    /// Its kind.
+    pub kind: VolumeKind,
+    /// The source object (`emptyDir`, `csi` or `ephemeral`'s value).
+    pub source: serde_json::Value,
+    /// The mount's fields: the request's own, else its profile's.
+    pub mount_path: String,
+    /// `readOnly`, when set.
+    pub read_only: Option<bool>,
+    /// `subPath`, when set.
+    pub sub_path: Option<String>,
+    /// The variables set to the mount path.
+    pub env: Vec<String>,
+}
+
+/// [`RuleVolume`] of volume `name` of rule `rule`, or the webhook's refusal of it in any pod.
+pub fn rule_volume(
+    cfg: &Config,
+    rule: &str,
+    name: &str,
+    request: &VolumeRequest,
+) -> Result<RuleVolume, Denial> {
+    let pod: PodView = serde_json::from_str(r#"{"spec":{"containers":[{"name":"c"}]}}"#)
+        .map_err(|e| Denial::invalid(e.to_string()))?;
+    let request = Request {
+        name,
+        origin: request::Origin::Rule(rule),
+        request: request.clone(),
+    };
+    let v = resolve::resolve(cfg, &cfg.policy, None, &pod, request)?;
+    Ok(RuleVolume {
+        kind: v.kind,
+        source: serde_json::from_str(v.source.get()).map_err(|e| Denial::invalid(e.to_string()))?,
+        mount_path: v.mount_path.into_owned(),
+        read_only: v.read_only,
+        sub_path: v.sub_path.map(Cow::into_owned),
+        env: v.env.into_owned(),
+    })
 }
 
 /// Decides for one pod. `cluster`: what is known of the cluster, for the cluster checks

@@ -102,7 +102,7 @@ where
         })
 }
 
-fn resolve<'a>(
+pub(super) fn resolve<'a>(
     cfg: &'a Config,
     policy: &Policy,
     cluster: Option<&ClusterState>,

@@ -28,7 +28,8 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
     let cfg = Config::parse(
         "onError: warn\nprofiles:\n  r: {mountPath: /r, size: request, emptyDir: {}}\n  \
          c: {mountPath: /c, containers: [main], emptyDir: {}}\n\
-         rules:\n  - name: x\n    volumes:\n      v: {profile: c}\n",
+         rules:\n  - name: x\n    volumes:\n      v: {profile: c}\n  - name: y\n    mode: audit\n    \
+         volumes:\n      w: type=emptyDir,mountPath=/w,containers=main\n",
     )
     .unwrap();
     let keys: Vec<String> = compile(&cfg, "evi", &[])
@@ -39,10 +40,11 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
     assert_eq!(
         keys,
         [
-            "rules",
             "onError",
             "profiles.c.containers",
-            "profiles.r.size"
+            "profiles.r.size",
+            "rules[y].mode",
+            "rules[y].volumes.w.containers",
         ]
     );
 }
@@ -298,4 +300,44 @@ fn a_pod_past_the_annotations_read_is_never_iterated_and_only_warned() {
         })
         .unwrap();
     assert_eq!(warn["spec"]["validationActions"], json!(["Warn"]));
+}
+
+#[test]
+fn a_rules_volumes_are_added_as_the_webhook_resolves_them_where_the_rule_matches() {
+    let p = compiled(
+        "  requireSizeLimit: true\n  defaultSizeLimit: 4Gi\n  maxVolumesPerPod: 4\nrules:\n  - name: nf\n    namespaces: [nf, ok]\n    \
+         podSelector: {matchLabels: {app: nextflow}, matchExpressions: [{key: tier, operator: NotIn, values: [gold]}]}\n    \
+         volumes:\n      tmp: profile=scratch,env=SCRATCH\n      work: {mountPath: /work, emptyDir: {}}\n  \
+         - name: later\n    volumes:\n      tmp: {profile: shm}\n",
+    );
+    let mutating = text(&p, "MutatingAdmissionPolicy");
+    // Matched as the webhook matches: the request's namespace, then the labels.
+    for part in [
+        "request.namespace in ['nf', 'ok']",
+        r#"(\"app\" in variables.labels && variables.labels[\"app\"] == \"nextflow\")"#,
+        r#"(!(\"tier\" in variables.labels) || !(variables.labels[\"tier\"] in [\"gold\"]))"#,
+        // The first matching rule gives a name, an annotation of that name wins.
+        "? 'nf' : (true) ? 'later' : ''",
+        "!(k in variables.annotations)",
+        // The rule's variable, the policy's default size on its emptyDir, its mount path.
+        "['SCRATCH']",
+        "emptyDir{sizeLimit: '4Gi'}",
+        "'/work'",
+    ] {
+        assert!(mutating.contains(part), "{part} not in {mutating}");
+    }
+    // Sent to the policies without an annotation when a rule matches.
+    let conditions = p.documents[0]["spec"]["matchConditions"].to_string();
+    assert!(conditions.contains("request.namespace in"), "{conditions}");
+    // A refusal names the rule as the webhook does.
+    let validating = text(&p, "ValidatingAdmissionPolicy");
+    assert!(
+        validating.contains("'rule ' + variables.ruleOf[k] + ', volume '"),
+        "{validating}"
+    );
+    // maxVolumesPerPod counts the rules' volumes with the annotations'.
+    assert!(
+        validating.contains("(variables.asked.size() + variables.ruled.size()) > 4"),
+        "{validating}"
+    );
 }

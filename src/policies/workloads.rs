@@ -3,15 +3,18 @@
 
 use serde_json::{Value, json};
 
-use super::MAX_ANNOTATIONS;
-use super::cel::quote;
 use crate::workload::{TemplateAt, WORKLOADS};
 
 /// The refusal of a pod controller whose pod template would be refused, with the pod's
 /// message (as `/validate` does): the pod's checks read from the template, at its creation
 /// and at an update that changes the template. One policy per place a template is kept, so
 /// that each is type-checked against the kinds that keep it there.
-pub fn workload_policy(name: &str, prefix: &str, at_template: TemplateAt, pod: &Value) -> Value {
+pub fn workload_policy(
+    name: &str,
+    at_template: TemplateAt,
+    pod: &Value,
+    asks: impl Fn(&str, &str) -> String,
+) -> Value {
     let root = at_template.cel();
     let (suffix, old) = match at_template {
         TemplateAt::Spec => ("workloads", "oldObject.spec.template"),
@@ -51,10 +54,8 @@ pub fn workload_policy(name: &str, prefix: &str, at_template: TemplateAt, pod: &
                 // workload webhook is not sent it).
                 {"name": "creates-or-changes-the-template", "expression": format!(
                     "request.operation == 'CREATE' || !({}) || {root} != {old}", has_path(old))},
-                {"name": "template-asks-for-volumes", "expression": format!(
-                    "{} && size({root}.metadata.annotations) <= {MAX_ANNOTATIONS} \
-                     && {root}.metadata.annotations.exists(k, k.startsWith({}))",
-                    has_path(&format!("{root}.metadata.annotations")), quote(prefix))},
+                {"name": "template-asks-for-volumes", "expression": asks(
+                    &format!("{root}.metadata"), &has_path(&format!("{root}.metadata")))},
             ],
             "failurePolicy": "Fail",
             "variables": rooted["variables"],

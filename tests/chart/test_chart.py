@@ -858,8 +858,8 @@ def test_the_policies_modes_are_refused_on_a_cluster_older_than_1_36():
 def test_the_policies_rendered_command_compiles_the_rendered_configuration(tmp_path):
     """The apply Job's command, run with the binary on the ConfigMap the chart renders (without
     --apply), prints the policies of the release's name."""
-    config = {k: v for k, v in NEXTFLOW_VALUES["config"].items() if k != "rules"}  # rules: the webhook's only
-    docs = render("--set", "policies.mode=policies", values={"config": config}, kube_version="1.37.0")
+    assert NEXTFLOW_VALUES["config"]["rules"]  # the rules compiled too
+    docs = render("--set", "policies.mode=policies", values={"config": NEXTFLOW_VALUES["config"]}, kube_version="1.37.0")
     configmap = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-policies-config"))
     path = tmp_path / "configmap.yaml"
     path.write_text(yaml.safe_dump(configmap))

@@ -46,6 +46,21 @@ CONFIG = {
                "storageClasses": ["gp3", "standard"], "csiDrivers": ["secrets-store.csi.k8s.io"],
                "maxSize": {"emptyDir": "100Gi", "memory": "8Gi", "ephemeral": "1Ti"},
                "requireSizeLimit": True, "defaultSizeLimit": "4Gi"},
+    # Matched by labels no other case's pod has (parity/*): by namespace and matchLabels, by
+    # each operator of matchExpressions; a profile, key=value strings and a JSON source.
+    "rules": [
+        {"name": "nf-scratch", "namespaces": [WEBHOOK_NS, POLICIES_NS, BOTH_NS],
+         "podSelector": {"matchLabels": {"parity/rule": "scratch"}}, "volumes": {"scratch": {"profile": "scratch"}}},
+        {"name": "elsewhere", "namespaces": ["parity-elsewhere"],
+         "podSelector": {"matchLabels": {"parity/rule": "scratch"}}, "volumes": {"never": {"profile": "shm"}}},
+        {"name": "nf-shm", "podSelector": {"matchExpressions": [
+            {"key": "parity/shm", "operator": "In", "values": ["yes", "on"]},
+            {"key": "parity/off", "operator": "DoesNotExist"}]},
+         "volumes": {"shm": "profile=shm,size=2Gi,env=SHM", "work": "type=emptyDir,mountPath=/work"}},
+        {"name": "later", "podSelector": {"matchExpressions": [
+            {"key": "parity/later", "operator": "Exists"}, {"key": "tier", "operator": "NotIn", "values": ["gold"]}]},
+         "volumes": {"shm": {"profile": "shm"}, "cache": {"mountPath": "/cache", "emptyDir": {"sizeLimit": "3Gi"}}}},
+    ],
 }
 BOUNDS_NS = "parity-bounds"
 VALUES = {"config": CONFIG, "webhook": {"excludeNamespaces": [POLICIES_NS, BOUNDS_NS]}}
@@ -173,6 +188,34 @@ def cases():
     yield "a volume of the pod's own by the name, the same settings", {f"{P}/own": "shm"}, \
         {"volumes": [{"name": "own", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}
     yield "no annotation of the prefix", {"other.example.com/x": "y"}, {}
+    yield from rule_cases(own_mount)
+
+
+def rule_cases(own_mount: dict):
+    """The rules: which match (namespace, each selector operator), which gives a name (an
+    annotation before a rule, the first rule before later ones), and their refusals."""
+    scratch = {"parity/rule": "scratch"}
+    yield "rule: by namespace and label, no annotation", {}, {"labels": scratch}
+    yield "rule: beside an annotation", {f"{P}/vol": "shm"}, {"labels": scratch}
+    yield "rule: an annotation of the rule's volume name wins", {f"{P}/scratch": "shm"}, {"labels": scratch}
+    yield "refused: an annotation of a rule's volume name that is refused; the rule does not fill in", \
+        {f"{P}/scratch": "nope"}, {"labels": scratch}
+    yield "rule: matchExpressions In, a key=value profile and an inline volume", {}, {"labels": {"parity/shm": "on"}}
+    yield "rule: matchExpressions DoesNotExist fails", {}, {"labels": {"parity/shm": "yes", "parity/off": ""}}
+    yield "rule: the first matching rule gives a name", {}, {"labels": {"parity/shm": "yes", "parity/later": ""}}
+    yield "rule: matchExpressions NotIn fails", {}, {"labels": {"parity/later": "", "tier": "gold"}}
+    yield "rule: matchExpressions NotIn holds, a JSON source", {}, {"labels": {"parity/later": "x", "tier": "silver"}}
+    yield "rule: in a pod with two containers and an init container", {f"{P}/vol": "secrets"}, {
+        "labels": {"parity/shm": "yes"}, "initContainers": [{"name": "init", "image": "busybox"}],
+        **SHAPES["two containers, the second already with the variable and a mount"]}
+    yield "refused: an annotation at a rule volume's mount path", \
+        {f"{P}/vol": "type=emptyDir,mountPath=/scratch/"}, {"labels": scratch}
+    yield "refused: a rule volume at a mount of the pod's own", {}, {"labels": {"parity/shm": "yes"}, **own_mount}
+    yield "refused: a rule volume and the pod's own volume of its name, other settings", {}, {
+        "labels": scratch, "volumes": [{"name": "scratch", "emptyDir": {}}]}
+    yield "refused: more volumes than the policy allows, the rules' counted", \
+        {f"{P}/a": "type=emptyDir,mountPath=/a", f"{P}/b": "type=emptyDir,mountPath=/b",
+         f"{P}/c": "type=emptyDir,mountPath=/c"}, {"labels": {"parity/shm": "yes"}}
 
 
 CASES = list(cases())
@@ -240,16 +283,17 @@ def without_token_mounts(stored: dict) -> dict:
 
 
 def named(message: str) -> set[str]:
-    """The annotations a refusal names."""
-    return set(re.findall(rf"annotation ({re.escape(P)}/[A-Za-z0-9._-]+)", message))
+    """The annotations and the rules' volumes a refusal names."""
+    return {a or b for a, b in re.findall(
+        rf"annotation ({re.escape(P)}/[A-Za-z0-9._-]+)|(rule [a-z0-9-]+, volume [a-z0-9-]+)", message)}
 
 
 def both(cluster, annotations: dict, spec: dict, namespaces=(WEBHOOK_NS, POLICIES_NS)) -> tuple[
         subprocess.CompletedProcess, subprocess.CompletedProcess]:
     results = []
     for ns in namespaces:
-        p = pod(namespace=ns, annotations=annotations)
-        p["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k != "field"})
+        p = pod(namespace=ns, annotations=annotations, labels=spec.get("labels"))
+        p["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k not in ("field", "labels")})
         results.append(cluster.create(p, "--dry-run=server", check=False))
     return results[0], results[1]
 
@@ -365,14 +409,15 @@ def workload(kind: str, namespace: str, annotations: dict, spec: dict) -> dict:
     """A Job (as Nextflow submits it), a CronJob or a Deployment whose pod template is the
     case's pod."""
     job = nextflow_job(None, namespace, annotations)
-    job["spec"]["template"]["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k != "field"})
+    job["spec"]["template"]["metadata"]["labels"].update(spec.get("labels", {}))
+    job["spec"]["template"]["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k not in ("field", "labels")})
     if kind == "Job":
         return job
     template = job["spec"]["template"]
     if kind == "CronJob":
         return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"generateName": "nf-", "namespace": namespace},
                 "spec": {"schedule": "0 0 * * *", "jobTemplate": {"spec": {"template": template}}}}
-    template["metadata"]["labels"] = {"app": "parity"}
+    template["metadata"]["labels"] = {**spec.get("labels", {}), "app": "parity"}
     template["spec"]["restartPolicy"] = "Always"
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"generateName": "nf-", "namespace": namespace},
             "spec": {"selector": {"matchLabels": {"app": "parity"}}, "template": template}}
