@@ -9,9 +9,9 @@
 //! What the compiler serves: profiles named by an annotation's whole value or with fields
 //! (`profile=<name>,size=…`), and the key=value form (inline.rs) under the configuration's
 //! `policy`, with mount path, readOnly, subPath and variables, into every container; and the
-//! volumes of the `rules` that match (rules.rs). A configuration that needs more (overrides,
-//! audit, `onError: warn`, a profile's or a rule's own container list or `size: request`) is
-//! refused, naming the
+//! volumes of the `rules` that match (rules.rs); under `onError: warn` a refusal is a warning
+//! and the error annotation. A configuration that needs more (overrides, audit, a profile's or
+//! a rule's own container list or `size: request`) is refused, naming the
 //! key, rather than compiled into policies that would treat pods otherwise; what no policy can
 //! do (the cluster checks, the webhook's warnings, the JSON form) is said as a note.
 
@@ -125,12 +125,6 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
             "audit is the webhook's only for now",
         );
     }
-    if cfg.on_error == OnError::Warn {
-        no(
-            "onError".into(),
-            "warn: a policy refuses or admits, it cannot admit a pod without its volumes and say so",
-        );
-    }
     for (name, p) in &cfg.profiles {
         if p.mount.containers.is_some() {
             no(
@@ -197,8 +191,9 @@ fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
         namespace: "default",
         pointer: "",
     };
+    // Under `onError: warn` the webhook admits such a pod, saying the same refusal.
     match decide(cfg, None, &pod, at) {
-        Decision::Denied(d) => {
+        Decision::Denied(d) | Decision::AdmittedDespiteError { denial: d, .. } => {
             let head = format!("annotation {key}: ");
             Some(
                 d.message
@@ -236,7 +231,12 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
         let mut spec = json!({"policyName": policy,
                               "matchResources": {"namespaceSelector": selector}});
         if kind.starts_with("Validating") {
-            spec["validationActions"] = json!(["Deny"]);
+            // Under `onError: warn` a refusal is a warning: the pod is admitted without its
+            // volumes, the mutating policy writing the error annotation.
+            spec["validationActions"] = match cfg.on_error {
+                OnError::Deny => json!(["Deny"]),
+                OnError::Warn => json!(["Warn"]),
+            };
         }
         json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
                "metadata": {"name": policy}, "spec": spec})

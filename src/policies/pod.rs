@@ -13,7 +13,7 @@ use super::{
     sources,
 };
 use crate::{
-    config::Config,
+    config::{Config, OnError},
     echo::MESSAGE_LIMIT,
     engine::{RuleVolume, bounds::MAX_VOLUMES},
     validate::MAX_PROBLEMS,
@@ -42,6 +42,8 @@ pub(super) struct Cel<'c> {
     policy_origin: &'c str,
     /// The rules' volumes.
     pub(super) rules: Rules<'c>,
+    /// `onError: warn`: a pod with a problem is admitted without volumes.
+    warn: bool,
 }
 
 impl<'c> Cel<'c> {
@@ -49,6 +51,7 @@ impl<'c> Cel<'c> {
         let prefix = format!("{}/", cfg.prefix);
         Cel {
             rules: Rules::new(cfg, &prefix),
+            warn: cfg.on_error == OnError::Warn,
             prefix,
             served,
             profiles: cfg.profiles.keys().map(String::as_str).collect(),
@@ -349,6 +352,7 @@ impl<'c> Cel<'c> {
                        "variables.served.filter(k, \
                         !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
                        self.volume())}),
+            json!({"name": "refusal", "expression": self.refusal()}),
         ]);
         Value::Array(out)
     }
@@ -399,37 +403,63 @@ impl<'c> Cel<'c> {
         ));
         // The status annotation names every volume the annotations ask for, written whenever
         // anything else is (as the webhook writes it), so never on a pod that has it all.
-        // A pod with no annotations (one a rule serves) is given the map with it.
         let names = format!("variables.served.map(k, {n}).join(',')");
+        out.push_str(&format!(
+            "\n+ (!variables.missing ? [] : {})",
+            annotate(&cfg.injected.key, &names)
+        ));
+        // Under `onError: warn` a pod the policies would refuse is admitted without volumes,
+        // with the refusal in the error annotation (the validating policy warns).
+        if cfg.on_error == OnError::Warn {
+            out.push_str(&format!(
+                "\n+ (variables.refusal == '' ? [] : {})",
+                annotate(&cfg.error.key, "variables.refusal")
+            ));
+        }
+        out
+    }
+
+    /// The refusal of the pod, every problem of every annotation and rule in one message (as
+    /// the webhook says them all at once, at most MAX_PROBLEMS of each and of the pod, and
+    /// MESSAGE_LIMIT characters), else `''`.
+    pub(super) fn refusal(&self) -> String {
+        let problems = format!(
+            "(variables.over != '' ? [variables.over] : \
+             (variables.asked.filter(k, k in variables.problems && variables.problems[k].size() > 0)\
+             .map(k, 'annotation ' + k + ': ' + variables.problems[k].transformList(i, m, i < {MAX_PROBLEMS}, m).join('; ')) \
+             + variables.clashes).transformList(i, m, i < {MAX_PROBLEMS}, m)).join('; ')"
+        );
         format!(
-            "{out}\n+ (!variables.missing ? [] : has(object.metadata.annotations) \
-             ? [JSONPatch{{op: 'add', path: {}, value: {names}}}] \
-             : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{{}: {names}}}}}])",
-            quote(&format!(
-                "/metadata/annotations/{}",
-                pointer_token(&cfg.injected.key)
-            )),
-            quote(&cfg.injected.key)
+            "{problems}.size() > {MESSAGE_LIMIT} ? {problems}.substring(0, {MESSAGE_LIMIT}) + '…' : {problems}"
         )
     }
 
     /// The refusal, every problem of every annotation in one message (as the webhook says
     /// them all at once), each annotation's problems after its name.
     pub(super) fn validations(&self) -> Value {
-        // At most MAX_PROBLEMS of each annotation and of the pod, as the webhook says them.
-        let problems = format!(
-            "variables.over != '' ? [variables.over] : \
-             (variables.asked.filter(k, k in variables.problems && variables.problems[k].size() > 0)\
-             .map(k, 'annotation ' + k + ': ' + variables.problems[k].transformList(i, m, i < {MAX_PROBLEMS}, m).join('; ')) \
-             + variables.clashes).transformList(i, m, i < {MAX_PROBLEMS}, m)"
-        );
+        // Under `onError: warn` the refusal is a warning (the binding's action), said as the
+        // webhook says it.
+        let said = if self.warn {
+            "'volumes not injected: ' + "
+        } else {
+            ""
+        };
         json!([{
-            "expression": format!("({problems}).size() == 0"),
-            "messageExpression": format!(
-                "({problems}).join('; ').size() > {MESSAGE_LIMIT} ? ({problems}).join('; ').substring(0, {MESSAGE_LIMIT}) + '…' \
-                 : ({problems}).join('; ')"
-            ),
+            "expression": "variables.refusal == ''",
+            "messageExpression": format!("{said}variables.refusal"),
             "reason": "Invalid",
         }])
     }
+}
+
+/// The JSON Patch (a CEL list) that sets annotation `key` to `value` (a CEL string); a pod
+/// without annotations (one only a rule asks for) is given the map with it.
+fn annotate(key: &str, value: &str) -> String {
+    format!(
+        "(has(object.metadata.annotations) \
+         ? [JSONPatch{{op: 'add', path: {}, value: {value}}}] \
+         : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{{}: {value}}}}}])",
+        quote(&format!("/metadata/annotations/{}", pointer_token(key))),
+        quote(key)
+    )
 }

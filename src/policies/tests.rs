@@ -40,7 +40,6 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
     assert_eq!(
         keys,
         [
-            "onError",
             "profiles.c.containers",
             "profiles.r.size",
             "rules[y].mode",
@@ -340,4 +339,36 @@ fn a_rules_volumes_are_added_as_the_webhook_resolves_them_where_the_rule_matches
         validating.contains("(variables.asked.size() + variables.ruled.size()) > 4"),
         "{validating}"
     );
+}
+
+#[test]
+fn under_on_error_warn_a_refusal_is_a_warning_and_the_error_annotation() {
+    let cfg = Config::parse(&format!("onError: warn\n{PROFILES}")).unwrap();
+    let p = compile(&cfg, "evi", &[]).unwrap();
+    let actions: Vec<&Value> = p
+        .documents
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .map(|d| &d["spec"]["validationActions"])
+        .collect();
+    assert_eq!(actions.len(), 4);
+    assert!(
+        actions.iter().all(|a| **a == json!(["Warn"])),
+        "{actions:?}"
+    );
+    let patch = text(&p, "MutatingAdmissionPolicy");
+    assert!(
+        patch.contains("variables.refusal == '' ? [] :")
+            && patch.contains("/metadata/annotations/injector.ephemeral-volumes.io~1error"),
+        "{patch}"
+    );
+    let message = text(&p, "ValidatingAdmissionPolicy");
+    assert!(
+        message.contains("'volumes not injected: ' + variables.refusal"),
+        "{message}"
+    );
+    // Under deny, neither.
+    let deny = compiled("");
+    assert!(!text(&deny, "MutatingAdmissionPolicy").contains("~1error"));
+    assert!(!text(&deny, "ValidatingAdmissionPolicy").contains("volumes not injected"));
 }
