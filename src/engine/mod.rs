@@ -24,7 +24,7 @@ use std::borrow::Cow;
 
 use crate::{
     cluster::{Finding, KnownCluster, Mode as ClusterMode},
-    config::{Config, OnError},
+    config::{Config, OnError, Policy},
     decision::{Decision, Denial, DenyReason},
     echo,
     pod::PodView,
@@ -68,9 +68,11 @@ pub struct RuleVolume {
     pub env: Vec<String>,
 }
 
-/// [`RuleVolume`] of volume `name` of rule `rule`, or the webhook's refusal of it in any pod.
+/// [`RuleVolume`] of volume `name` of rule `rule` under `policy` (the namespace's), or the
+/// webhook's refusal of it in any pod.
 pub fn rule_volume(
     cfg: &Config,
+    policy: &Policy,
     rule: &str,
     name: &str,
     request: &VolumeRequest,
@@ -82,7 +84,7 @@ pub fn rule_volume(
         origin: request::Origin::Rule(rule),
         request: request.clone(),
     };
-    let v = resolve::resolve(cfg, &cfg.policy, None, &pod, request)?;
+    let v = resolve::resolve(cfg, policy, None, &pod, request)?;
     Ok(RuleVolume {
         kind: v.kind,
         source: serde_json::from_str(v.source.get()).map_err(|e| Denial::invalid(e.to_string()))?,

@@ -10,13 +10,15 @@
 //! (`profile=<name>,size=…`), and the key=value form (inline.rs) under the configuration's
 //! `policy`, with mount path, readOnly, subPath and variables, into every container; and the
 //! volumes of the `rules` that match (rules.rs); under `onError: warn` a refusal is a warning
-//! and the error annotation. A configuration that needs more (overrides, audit, a profile's or
-//! a rule's own container list or `size: request`) is refused, naming the
+//! and the error annotation; `policyOverrides` by the request's namespace (overrides.rs). A
+//! configuration that needs more (audit, a profile's or a rule's own container list or
+//! `size: request`) is refused, naming the
 //! key, rather than compiled into policies that would treat pods otherwise; what no policy can
 //! do (the cluster checks, the webhook's warnings, the JSON form) is said as a note.
 
 mod cel;
 mod inline;
+mod overrides;
 mod pod;
 mod rules;
 mod sources;
@@ -110,12 +112,6 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
             why: why.to_owned(),
         })
     };
-    if !cfg.overrides.is_empty() {
-        no(
-            "policyOverrides".into(),
-            "per-namespace policies are the webhook's only for now",
-        );
-    }
     if cfg.mode == Mode::Audit {
         no("mode".into(), "audit is the webhook's only for now");
     }
@@ -191,8 +187,12 @@ fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
         namespace: "default",
         pointer: "",
     };
+    // A profile by name is trusted: its refusal does not depend on the namespace's policy
+    // (decided without the overrides, which would wait for the namespace's labels).
+    let mut cfg = cfg.clone();
+    cfg.overrides.clear();
     // Under `onError: warn` the webhook admits such a pod, saying the same refusal.
-    match decide(cfg, None, &pod, at) {
+    match decide(&cfg, None, &pod, at) {
         Decision::Denied(d) | Decision::AdmittedDespiteError { denial: d, .. } => {
             let head = format!("annotation {key}: ");
             Some(
@@ -207,7 +207,8 @@ fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
 }
 
 /// Compiles the configuration; `name` names the objects (the workload policies `<name>-workloads`
-/// and `<name>-cronjobs`).
+/// and `<name>-cronjobs`). With `policyOverrides`, one set of objects still: each expression that
+/// reads a limit chooses the namespace's policy (overrides.rs).
 pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies, Vec<Unsupported>> {
     let refused = unsupported(cfg);
     if !refused.is_empty() {
@@ -223,10 +224,30 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
         .into_iter()
         .filter_map(|(n, _, r)| r.map(|r| (n, r)))
         .collect();
-    let at = Cel::new(cfg, &served);
+    let variants: Vec<(&str, Vec<Value>)> = overrides::variants(cfg)
+        .into_iter()
+        .map(|(chosen, policy)| {
+            let at = Cel::new(cfg, policy, &served);
+            (chosen, documents(cfg, &at, name, exclude, &refused))
+        })
+        .collect();
+    Ok(Policies {
+        documents: overrides::merge(cfg, variants),
+        notes: notes(cfg),
+    })
+}
+
+/// The objects for one policy, bound in every namespace but `exclude`.
+fn documents(
+    cfg: &Config,
+    at: &Cel,
+    name: &str,
+    exclude: &[String],
+    refused: &[(&str, String)],
+) -> Vec<Value> {
     let selector = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name",
                                                  "operator": "NotIn", "values": exclude}]});
-    let (mutating, validating) = pod_policies(cfg, name, &at, &refused);
+    let (mutating, validating) = pod_policies(cfg, name, at, refused);
     let binding = |kind: &str, policy: &str| {
         let mut spec = json!({"policyName": policy,
                               "matchResources": {"namespaceSelector": selector}});
@@ -250,7 +271,7 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
         let policy = workload_policy(
             name,
             at_template,
-            &validating_spec(&at, &refused),
+            &validating_spec(at, refused),
             |meta, guard| at.asks(meta, guard),
         );
         bindings.push(binding(
@@ -267,10 +288,7 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
     warn["spec"]["validationActions"] = json!(["Warn"]);
     bindings.push(warn);
     documents.extend(bindings);
-    Ok(Policies {
-        documents,
-        notes: notes(cfg),
-    })
+    documents
 }
 
 /// The pod's mutating and validating policies.

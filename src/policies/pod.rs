@@ -13,7 +13,7 @@ use super::{
     sources,
 };
 use crate::{
-    config::{Config, OnError},
+    config::{Config, OnError, Policy},
     echo::MESSAGE_LIMIT,
     engine::{RuleVolume, bounds::MAX_VOLUMES},
     validate::MAX_PROBLEMS,
@@ -47,23 +47,27 @@ pub(super) struct Cel<'c> {
 }
 
 impl<'c> Cel<'c> {
-    pub(super) fn new(cfg: &'c Config, served: &'c [(&'c str, &'c Profile)]) -> Self {
+    /// The CEL of `cfg` under `policy` (the configuration's, or an override's).
+    pub(super) fn new(
+        cfg: &'c Config,
+        policy: &'c Policy,
+        served: &'c [(&'c str, &'c Profile)],
+    ) -> Self {
         let prefix = format!("{}/", cfg.prefix);
         Cel {
-            rules: Rules::new(cfg, &prefix),
+            rules: Rules::new(cfg, policy, &prefix),
             warn: cfg.on_error == OnError::Warn,
             prefix,
             served,
             profiles: cfg.profiles.keys().map(String::as_str).collect(),
             all: cfg.profiles.iter().map(|(n, p)| (n.as_str(), p)).collect(),
-            default_size: cfg
-                .policy
+            default_size: policy
                 .require_size_limit
-                .then_some(cfg.policy.default_size_limit_text.as_str()),
-            max_volumes: cfg.policy.max_volumes_per_pod,
-            form: Form::new(&cfg.policy),
-            allow_inline: cfg.policy.allow_inline,
-            policy_origin: &cfg.policy.origin,
+                .then_some(policy.default_size_limit_text.as_str()),
+            max_volumes: policy.max_volumes_per_pod,
+            form: Form::new(policy),
+            allow_inline: policy.allow_inline,
+            policy_origin: &policy.origin,
         }
     }
 
@@ -215,6 +219,7 @@ impl<'c> Cel<'c> {
              ' annotations {prefix}*: a pod may ask for at most {MAX_VOLUMES} volumes' : "
         );
         if let Some(max) = self.max_volumes {
+            let origin = self.policy_origin;
             let count = if self.rules.is_empty() {
                 "variables.asked.size()"
             } else {
@@ -222,7 +227,7 @@ impl<'c> Cel<'c> {
             };
             out.push_str(&format!(
                 "{count} > {max} ? string({count}) + \
-                 ' volumes requested, policy.maxVolumesPerPod allows {max}' : "
+                 ' volumes requested, {origin}.maxVolumesPerPod allows {max}' : "
             ));
         }
         out.push_str("''");

@@ -7,7 +7,7 @@
 
 use super::{Unsupported, cel::quote};
 use crate::{
-    config::{Config, Mode, Rule},
+    config::{Config, Mode, Policy, Rule},
     engine::{RuleVolume, rule_volume},
     volume::{InitTargets, Requested},
 };
@@ -80,7 +80,7 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
             if before != out.len() || profile_refused {
                 continue;
             }
-            if let Err(d) = rule_volume(cfg, &rule.name, name, request) {
+            if let Err(d) = rule_volume(cfg, &cfg.policy, &rule.name, name, request) {
                 out.push(Unsupported {
                     key: at.clone(),
                     why: d.message,
@@ -92,13 +92,13 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
 }
 
 impl<'c> Rules<'c> {
-    /// The rules of `cfg` (those [`unsupported`] lets through), their keys under `prefix`
-    /// (with its `/`).
-    pub fn new(cfg: &'c Config, prefix: &str) -> Self {
+    /// The rules of `cfg` (those [`unsupported`] lets through) under `policy`, their keys
+    /// under `prefix` (with its `/`).
+    pub fn new(cfg: &'c Config, policy: &Policy, prefix: &str) -> Self {
         let mut given = Vec::new();
         for rule in &cfg.rules {
             for (name, request) in &rule.volumes {
-                if let Ok(volume) = rule_volume(cfg, &rule.name, name, request) {
+                if let Ok(volume) = rule_volume(cfg, policy, &rule.name, name, request) {
                     given.push(Given {
                         rule,
                         key: format!("{prefix}{name}"),

@@ -372,3 +372,51 @@ fn under_on_error_warn_a_refusal_is_a_warning_and_the_error_annotation() {
     assert!(!text(&deny, "MutatingAdmissionPolicy").contains("~1error"));
     assert!(!text(&deny, "ValidatingAdmissionPolicy").contains("volumes not injected"));
 }
+
+#[test]
+fn policy_overrides_branch_on_the_namespaces_policy_in_the_same_objects() {
+    let overrides = "policyOverrides:
+  - name: b
+    namespaceSelector: {matchLabels: {team: b}}
+    policy: {maxSize: {emptyDir: 2Gi}}
+  - name: b-gpu
+    namespaceSelector: {matchLabels: {team: b}, matchExpressions: [{key: gpu, operator: Exists}]}
+    policy: {maxSize: {emptyDir: 5Gi}}
+  - name: named
+    namespaces: [special]
+    policy: {maxSize: {emptyDir: 50Gi}}
+";
+    let plain = compiled("");
+    let p = compiled(overrides);
+    // The same objects, by kind and name.
+    let names = |p: &Policies| -> Vec<String> {
+        p.documents
+            .iter()
+            .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
+            .collect()
+    };
+    assert_eq!(names(&p), names(&plain));
+    let mutating = &p.documents[0]["spec"]["variables"];
+    assert_eq!(mutating[0]["name"], "policy");
+    let chooser = mutating[0]["expression"].as_str().unwrap();
+    // By name first; then the selector with the most requirements; else the policy.
+    let at = |s: &str| {
+        chooser
+            .find(s)
+            .unwrap_or_else(|| panic!("{s} not in {chooser}"))
+    };
+    assert!(at("request.namespace in ['special'] ? 'named'") < at("? 'b-gpu'"));
+    assert!(at("? 'b-gpu'") < at("? 'b' :"));
+    assert!(chooser.ends_with(": ''"), "{chooser}");
+    // A limit is read from the namespace's policy, named in the refusal as its own.
+    let validating = text(&p, "ValidatingAdmissionPolicy");
+    for part in [
+        "variables.policy == 'b' ? (",
+        "policyOverrides[b-gpu].policy.maxSize.emptyDir",
+        "policyOverrides[named].policy.maxSize.emptyDir",
+    ] {
+        assert!(validating.contains(part), "{part}");
+    }
+    // Without overrides, no branch.
+    assert!(!text(&plain, "ValidatingAdmissionPolicy").contains("variables.policy"));
+}
