@@ -66,6 +66,14 @@ fn has(f: &str) -> String {
     format!("({} in {KV})", quote(f))
 }
 
+/// Every container of a list, as a target list: `;` is in no name (the lists are split at it).
+pub const ALL: &str = "[';']";
+
+/// The names field `f` lists (`a;b`, spaces and empty names aside), as the webhook reads them.
+fn names(f: &str) -> String {
+    format!("{}.split(';').map(x, x.trim()).filter(x, x != '')", get(f))
+}
+
 /// `variables.kv[k]` holds `f` with a non-empty value.
 fn given(f: &str) -> String {
     format!("({} && {} != '')", has(f), get(f))
@@ -203,11 +211,6 @@ impl<'p> Form<'p> {
             when(
                 &has("attr."),
                 "'attr. needs a key, e.g. attr.secretProviderClass=vault-db'",
-            ),
-            format!(
-                "{KV}.filter(f, f in ['containers', 'initContainers'] && {KV}[f] != '')\
-                 .map(f, f + '=' + {KV}[f] + ': the admission policies do not read ' + f + \
-                 ' in the key=value form (the webhook does)')"
             ),
             when(
                 &format!("{KV}[?'size'] == optional.of('request')"),
@@ -528,6 +531,26 @@ impl<'p> Form<'p> {
     /// Annotation `k`'s `subPath` (`''` without one).
     pub fn sub_path() -> String {
         format!("{KV}[?'subPath'].orValue('')")
+    }
+
+    /// The containers annotation `k` names, else `default` (a CEL list; [`ALL`]: every one).
+    pub fn containers_or(default: &str) -> String {
+        format!(
+            "({} ? {} : {default})",
+            has("containers"),
+            names("containers")
+        )
+    }
+
+    /// The init containers annotation `k` names (`true`: [`ALL`], `false`: none), else
+    /// `default`.
+    pub fn init_containers_or(default: &str) -> String {
+        let f = get("initContainers");
+        format!(
+            "({} ? ({f} == 'true' ? {ALL} : {f} == 'false' ? [] : {}) : {default})",
+            has("initContainers"),
+            names("initContainers")
+        )
     }
 
     /// Annotation `k`'s variables: the names of its `env` (split once, in `envs`).

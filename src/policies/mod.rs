@@ -8,13 +8,13 @@
 //!
 //! What the compiler serves: profiles named by an annotation's whole value or with fields
 //! (`profile=<name>,size=…`), and the key=value form (inline.rs) under the configuration's
-//! `policy`, with mount path, readOnly, subPath and variables, into every container; and the
-//! volumes of the `rules` that match (rules.rs); under `onError: warn` a refusal is a warning
-//! and the error annotation; `policyOverrides` by the request's namespace (overrides.rs). A
-//! configuration that needs more (audit, a profile's or a rule's own container list or
-//! `size: request`) is refused, naming the
-//! key, rather than compiled into policies that would treat pods otherwise; what no policy can
-//! do (the cluster checks, the webhook's warnings, the JSON form) is said as a note.
+//! `policy`, with mount path, readOnly, subPath, variables and the containers and init
+//! containers each goes to; the volumes of the `rules` that match (rules.rs); under `onError:
+//! warn` a refusal is a warning and the error annotation; `policyOverrides` by the request's
+//! namespace (overrides.rs). A configuration that needs more (audit, `size: request`, a rule's
+//! own container list) is refused, naming the key, rather than compiled into policies that
+//! would treat pods otherwise; what no policy can do (the cluster checks, the webhook's
+//! warnings, the JSON form) is said as a note.
 
 mod cel;
 mod inline;
@@ -122,18 +122,6 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
         );
     }
     for (name, p) in &cfg.profiles {
-        if p.mount.containers.is_some() {
-            no(
-                format!("profiles.{name}.containers"),
-                "the policies mount into every container for now",
-            );
-        }
-        if !matches!(p.mount.init_containers, None | Some(InitTargets::None)) {
-            no(
-                format!("profiles.{name}.initContainers"),
-                "the policies mount into every container for now",
-            );
-        }
         if p.size_from_request {
             no(
                 format!("profiles.{name}.size"),
@@ -149,11 +137,11 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
 fn notes(cfg: &Config) -> Vec<String> {
     let mut notes =
         vec![if cfg.policy.allow_inline {
-        "the JSON form, and in the key=value form containers, initContainers and size=request, \
-         are read by the webhook only: the policies refuse them, naming the annotation"
+        "the JSON form, and size=request in the key=value form, are read by the webhook only: \
+         the policies refuse them, naming the annotation"
     } else {
-        "in the key=value form containers, initContainers and size=request are read by the \
-         webhook only: the policies refuse them, naming the annotation"
+        "size=request in the key=value form is read by the webhook only: the policies refuse \
+         it, naming the annotation"
     }
     .to_owned()];
     notes.extend([
@@ -179,8 +167,20 @@ fn notes(cfg: &Config) -> Vec<String> {
 /// pod: what follows `annotation <key>: ` in its message (the profile against the policy).
 fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
     let key = format!("{}/v", cfg.prefix);
+    // A pod with the containers the profile names (whether a pod has them is the policies'
+    // check, pod by pod).
+    let mount = cfg.profiles.get(profile).map(|p| &p.mount);
+    let named = |names: Option<&Vec<String>>| -> Vec<Value> {
+        let names = names.map_or_else(|| vec!["c".to_owned()], Clone::clone);
+        names.into_iter().map(|n| json!({"name": n})).collect()
+    };
+    let init = match mount.and_then(|m| m.init_containers.as_ref()) {
+        Some(InitTargets::Named(names)) => Some(names),
+        _ => None,
+    };
     let text = json!({"metadata": {"annotations": {&key: profile}},
-                      "spec": {"containers": [{"name": "c"}]}})
+                      "spec": {"containers": named(mount.and_then(|m| m.containers.as_ref())),
+                               "initContainers": named(init)}})
     .to_string();
     let pod: PodView = serde_json::from_str(&text).ok()?;
     let at = PodLocation {

@@ -17,7 +17,7 @@ use crate::{
     echo::MESSAGE_LIMIT,
     engine::{RuleVolume, bounds::MAX_VOLUMES},
     validate::MAX_PROBLEMS,
-    volume::{Medium, Profile, VolumeKind},
+    volume::{InitTargets, Medium, Profile, VolumeKind},
 };
 
 /// The CEL of one configuration's policies.
@@ -189,19 +189,89 @@ impl<'c> Cel<'c> {
             |r| sources::same(&r.source, r.kind, false),
         );
         let this = self.describe("k");
-        let other = self.describe(&format!(
-            "variables.known.filter(j, j < k && variables.paths[j] == {path})[0]"
-        ));
+        // Two requests clash at a path only in a container both go to.
+        let before = format!(
+            "j < k && variables.paths[j] == {path} && (variables.aimed[j].exists(x, x in variables.aimed[k]) \
+             || variables.aimedInit[j].exists(x, x in variables.aimedInit[k]))"
+        );
+        let other = self.describe(&format!("variables.known.filter(j, {before})[0]"));
+        let mounts = |list: &str, aimed: &str| {
+            format!(
+                "{list}.exists(c, c.name in variables.{aimed}[k] && has(c.volumeMounts) \
+                 && c.volumeMounts.exists(m, {own} == {path} && m.name != {n}))"
+            )
+        };
         format!(
-            "variables.known.map(k, \
-             variables.known.exists(j, j < k && variables.paths[j] == {path}) \
+            "variables.unaimed + variables.known.map(k, \
+             variables.known.exists(j, {before}) \
              ? 'volume \"' + {n} + '\" (' + {this} + '): it is mounted at ' + {path} + ', as the volume of ' + {other} + ' is' \
-             : object.spec.containers.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, {own} == {path} && m.name != {n})) \
+             : {} || (has(object.spec.initContainers) && {}) \
              ? 'volume \"' + {n} + '\" (' + {this} + '): a container already mounts another volume at ' + {path} \
              : has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {n} && !({same})) \
              ? 'volume \"' + {n} + '\" (' + {this} + '): the pod already has a volume with this name, with other settings; rename one of them' \
-             : '').filter(m, m != '')"
+             : '').filter(m, m != '')",
+            mounts("object.spec.containers", "aimed"),
+            mounts("object.spec.initContainers", "aimedInit"),
         )
+    }
+
+    /// The containers and init containers each request's mount goes to (`targets`, with
+    /// [`inline::ALL`] for every one; `aimed`, by name), and the refusal of a request that names
+    /// one the pod does not have, as the webhook says it (`unaimed`).
+    fn targets(&self) -> Vec<Value> {
+        let containers = |p: &Profile, fields: bool| {
+            let own = match &p.mount.containers {
+                Some(names) => list(names.iter().map(String::as_str)),
+                None => inline::ALL.to_owned(),
+            };
+            if fields {
+                Form::containers_or(&own)
+            } else {
+                own
+            }
+        };
+        let init_containers = |p: &Profile, fields: bool| {
+            let own = match &p.mount.init_containers {
+                None | Some(InitTargets::None) => "[]".to_owned(),
+                Some(InitTargets::All) => inline::ALL.to_owned(),
+                Some(InitTargets::Named(names)) => list(names.iter().map(String::as_str)),
+            };
+            if fields {
+                Form::init_containers_or(&own)
+            } else {
+                own
+            }
+        };
+        let all = inline::ALL;
+        let missing = |what: &str, list: &str, present: &str| {
+            format!(
+                "(variables.{list}[k].filter(x, x != ';' && !(x in variables.{present})).size() == 0 ? [] : \
+                 [(variables.{list}[k].filter(x, x != ';' && !(x in variables.{present})).size() == 1 \
+                 ? '{what} \"' + variables.{list}[k].filter(x, x != ';' && !(x in variables.{present}))[0] + '\" is' \
+                 : '{what}s ' + variables.{list}[k].filter(x, x != ';' && !(x in variables.{present})).map(x, '\"' + x + '\"').join(', ') + ' are') \
+                 + ' not in the pod (' + (variables.{present}.size() == 0 ? 'the pod has no {what}s' : 'its {what}s: ' + variables.{present}.join(', ')) + ')'])"
+            )
+        };
+        vec![
+            json!({"name": "names", "expression": "object.spec.containers.map(c, c.name)"}),
+            json!({"name": "initNames",
+                   "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"}),
+            json!({"name": "targets",
+                   "expression": Self::each_known(self.per_annotation(|_| Form::containers_or(all), containers,
+                       |_| all.to_owned()))}),
+            json!({"name": "initTargets",
+                   "expression": Self::each_known(self.per_annotation(|_| Form::init_containers_or("[]"),
+                       init_containers, |_| "[]".to_owned()))}),
+            json!({"name": "aimed",
+                   "expression": format!("variables.targets.transformMap(k, l, l == {all} ? variables.names : l)")}),
+            json!({"name": "aimedInit",
+                   "expression": format!("variables.initTargets.transformMap(k, l, l == {all} ? variables.initNames : l)")}),
+            json!({"name": "unaimed",
+                   "expression": format!(
+                       "variables.known.map(k, ({} + {}).map(x, 'annotation ' + k + ': ' + x)).flatten()",
+                       missing("container", "targets", "names"),
+                       missing("init container", "initTargets", "initNames"))}),
+        ]
     }
 
     /// Whether annotation `k`'s volume name is a DNS-1123 label (the pod's volumes' names).
@@ -346,6 +416,9 @@ impl<'c> Cel<'c> {
             json!({"name": "env",
                    "expression": Self::each_known(self.per_annotation(|_| Form::env(), env,
                        |r| list(r.env.iter().map(String::as_str))))}),
+        ]);
+        out.extend(self.targets());
+        out.extend([
             json!({"name": "clashes", "expression": self.clashes()}),
             // Nothing is added to a pod with a problem: the validating policy refuses it,
             // naming the annotation, instead of the API server refusing an invalid pod.
@@ -362,14 +435,49 @@ impl<'c> Cel<'c> {
         Value::Array(out)
     }
 
+    /// The mounts and variables of the containers of `list` (`containers`, `initContainers`)
+    /// that each served request goes to (`aimed`: its targets by name), but those there.
+    fn each_container(&self, list: &str, aimed: &str) -> String {
+        let n = self.volume();
+        let at = format!("'/spec/{list}/' + string(i)");
+        let mine = format!("variables.served.filter(k, c.name in variables.{aimed}[k])");
+        let mount = format!(
+            "Object.spec.{list}.volumeMounts{{name: {n}, mountPath: variables.paths[k], \
+             ?readOnly: variables.readOnly[k] == '' ? optional.none() : optional.of(variables.readOnly[k] == 'true'), \
+             ?subPath: variables.subPaths[k] == '' ? optional.none() : optional.of(variables.subPaths[k])}}"
+        );
+        // Variables: any profile, and any annotation, may name some.
+        let added = format!(
+            "{mine}.map(k, variables.env[k].filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
+             .map(e, JSONPatch{{op: 'add', path: {at} + '/env/-', \
+             value: Object.spec.{list}.env{{name: e, value: variables.paths[k]}}}})).flatten()"
+        );
+        format!(
+            "object.spec.{list}.transformList(i, c,\n  \
+             ({mine}.size() == 0 || has(c.volumeMounts) ? [] : \
+             [JSONPatch{{op: 'add', path: {at} + '/volumeMounts', value: []}}])\n  \
+             + {mine}.filter(k, !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})))\
+             .map(k, JSONPatch{{op: 'add', path: {at} + '/volumeMounts/-', value: {mount}}})\n  \
+             + ({added}.size() == 0 || has(c.env) ? [] : [JSONPatch{{op: 'add', path: {at} + '/env', value: []}}])\n  \
+             + {added}).flatten()"
+        )
+    }
+
     /// Whether the pod lacks anything the annotations ask for: a volume, a container's mount
     /// or variable.
     pub(super) fn missing(&self) -> String {
         let n = self.volume();
+        let lacks = |list: &str, aimed: &str| {
+            format!(
+                "{list}.exists(c, variables.served.exists(k, c.name in variables.{aimed}[k] \
+                 && (!(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})) \
+                 || variables.env[k].exists(e, !(has(c.env) && c.env.exists(x, x.name == e))))))"
+            )
+        };
         format!(
-            "variables.wanted.size() > 0 || object.spec.containers.exists(c, variables.served.exists(k, \
-             !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})) \
-             || variables.env[k].exists(e, !(has(c.env) && c.env.exists(x, x.name == e)))))"
+            "variables.wanted.size() > 0 || {} || (has(object.spec.initContainers) && {})",
+            lacks("object.spec.containers", "aimed"),
+            lacks("object.spec.initContainers", "aimedInit")
         )
     }
 
@@ -382,30 +490,14 @@ impl<'c> Cel<'c> {
             |p, fields| sources::volume(self.source_of(p), p.compiled.kind, fields, &n),
             |r| sources::volume(r.source.clone(), r.kind, false, &n),
         );
-        let mount = format!(
-            "Object.spec.containers.volumeMounts{{name: {n}, mountPath: variables.paths[k], \
-             ?readOnly: variables.readOnly[k] == '' ? optional.none() : optional.of(variables.readOnly[k] == 'true'), \
-             ?subPath: variables.subPaths[k] == '' ? optional.none() : optional.of(variables.subPaths[k])}}"
-        );
         let mut out = format!(
             "(variables.wanted.size() == 0 || has(object.spec.volumes) ? [] : \
              [JSONPatch{{op: 'add', path: '/spec/volumes', value: []}}])\n\
              + variables.wanted.map(k, JSONPatch{{op: 'add', path: '/spec/volumes/-', value: {volume}}})\n\
-             + object.spec.containers.transformList(i, c,\n  \
-             (variables.served.size() == 0 || has(c.volumeMounts) ? [] : \
-             [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/volumeMounts', value: []}}])\n  \
-             + variables.served.filter(k, !(has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == {n})))\
-             .map(k, JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/volumeMounts/-', value: {mount}}})\
-             ).flatten()"
+             + {}\n+ (has(object.spec.initContainers) ? {} : [])",
+            self.each_container("containers", "aimed"),
+            self.each_container("initContainers", "aimedInit"),
         );
-        // Variables: any profile, and any annotation, may name some.
-        let added = "variables.served.map(k, variables.env[k].filter(e, !(has(c.env) && c.env.exists(x, x.name == e)))\
-             .map(e, JSONPatch{op: 'add', path: '/spec/containers/' + string(i) + '/env/-', \
-             value: Object.spec.containers.env{name: e, value: variables.paths[k]}})).flatten()";
-        out.push_str(&format!(
-            "\n+ object.spec.containers.transformList(i, c,\n  ({added}.size() == 0 || has(c.env) ? [] : \
-             [JSONPatch{{op: 'add', path: '/spec/containers/' + string(i) + '/env', value: []}}])\n  + {added}).flatten()"
-        ));
         // The status annotation names every volume the annotations ask for, written whenever
         // anything else is (as the webhook writes it), so never on a pod that has it all.
         let names = format!("variables.served.map(k, {n}).join(',')");

@@ -77,7 +77,15 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
                 }),
                 Requested::Inline(_) => false,
             };
-            if before != out.len() || profile_refused {
+            if profile_refused {
+                out.push(Unsupported {
+                    key: format!("{at}.profile"),
+                    why: "a profile with its own containers, initContainers or size: request: \
+                          the policies mount a rule's volume into every container for now"
+                        .to_owned(),
+                });
+            }
+            if before != out.len() {
                 continue;
             }
             if let Err(d) = rule_volume(cfg, &cfg.policy, &rule.name, name, request) {

@@ -40,8 +40,8 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
     assert_eq!(
         keys,
         [
-            "profiles.c.containers",
             "profiles.r.size",
+            "rules[x].volumes.v.profile",
             "rules[y].mode",
             "rules[y].volumes.w.containers",
         ]
@@ -165,7 +165,6 @@ fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
         "is empty",
         "attr. needs a key",
         "needs the JSON form",
-        "in ['containers', 'initContainers']",
         "does not apply to profile=",
         "a profile fixes the volume source",
         "size=request: the admission policies",
@@ -419,4 +418,36 @@ fn policy_overrides_branch_on_the_namespaces_policy_in_the_same_objects() {
     }
     // Without overrides, no branch.
     assert!(!text(&plain, "ValidatingAdmissionPolicy").contains("variables.policy"));
+}
+
+#[test]
+fn a_mount_goes_to_the_containers_a_request_names_each_of_which_the_pod_must_have() {
+    let cfg = Config::parse(&format!(
+        "{PROFILES}  side: {{mountPath: /side, containers: [sidecar], initContainers: true, emptyDir: {{}}}}\n"
+    ))
+    .unwrap();
+    let p = compile(&cfg, "evi", &[]).unwrap();
+    let v = text(&p, "ValidatingAdmissionPolicy");
+    for part in [
+        // The key=value lists, `true` for every init container, a profile's own lists.
+        "variables.kv[k]['containers'].split(';')",
+        "variables.kv[k]['initContainers'] == 'true' ? [';']",
+        "['sidecar']",
+        // Each named one must be in the pod, said as the webhook says it.
+        "' not in the pod (' + (variables.names.size() == 0 ? 'the pod has no containers'",
+        "'init container",
+        // Two requests clash at a path only in a container both go to.
+        "variables.aimed[j].exists(x, x in variables.aimed[k])",
+    ] {
+        assert!(v.contains(part), "{part} not in {v}");
+    }
+    let m = text(&p, "MutatingAdmissionPolicy");
+    for part in [
+        "variables.served.filter(k, c.name in variables.aimed[k])",
+        "'/spec/initContainers/' + string(i) + '/volumeMounts/-'",
+        "Object.spec.initContainers.volumeMounts{",
+        "'/spec/initContainers/' + string(i) + '/env/-'",
+    ] {
+        assert!(m.contains(part), "{part} not in {m}");
+    }
 }

@@ -41,6 +41,8 @@ CONFIG = {
                             "volumeAttributes": {"secretProviderClass": "vault-db"}}},
         "bare": {"emptyDir": {"sizeLimit": "2Gi"}},
         "nosize": {"mountPath": "/n", "emptyDir": {}},
+        "side": {"mountPath": "/side", "containers": ["side"], "initContainers": True, "env": ["SIDE"],
+                 "emptyDir": {"sizeLimit": "1Gi"}},
     },
     "policy": {"maxVolumesPerPod": 4, "types": ["emptyDir", "csi", "ephemeral"],
                "storageClasses": ["gp3", "standard"], "csiDrivers": ["secrets-store.csi.k8s.io"],
@@ -138,8 +140,7 @@ KEY_VALUE_BAD = {
     "profile=shm,mountPath=relative": '"relative"',
 }
 # Served by the webhook only: the policies refuse them, naming the annotation (docs/policies.md).
-WEBHOOK_ONLY = ["type=emptyDir,mountPath=/s,containers=main", "profile=shm,containers=main",
-                "type=ephemeral,size=request,storageClass=gp3,mountPath=/s", '{"mountPath": "/x", "emptyDir": {}}']
+WEBHOOK_ONLY = ["type=ephemeral,size=request,storageClass=gp3,mountPath=/s", '{"mountPath": "/x", "emptyDir": {}}']
 SHAPES = {
     "one container": {},
     "two containers, the second already with the variable and a mount": {"containers": [
@@ -189,6 +190,47 @@ def cases():
         {"volumes": [{"name": "own", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}
     yield "no annotation of the prefix", {"other.example.com/x": "y"}, {}
     yield from rule_cases(own_mount)
+    yield from container_cases()
+
+
+# Two containers (the second with TMPDIR set and a mount of its own at /own), an init container
+# and a native sidecar (an init container that keeps running).
+CONTAINERS = {
+    "containers": [{"name": "main", "image": "busybox"},
+                   {"name": "side", "image": "busybox", "env": [{"name": "TMPDIR", "value": "/mine"}],
+                    "volumeMounts": [{"name": "own", "mountPath": "/own"}]}],
+    "initContainers": [{"name": "init", "image": "busybox"},
+                       {"name": "native", "image": "busybox", "restartPolicy": "Always"}],
+    "volumes": [{"name": "own", "emptyDir": {}}],
+}
+
+
+def container_cases():
+    """`containers` and `initContainers`: in the key=value form, a profile's own, a profile's
+    overridden; each named one required; clashes only in a container both volumes go to."""
+    for value in ["type=emptyDir,size=1Gi,mountPath=/s,containers=main",
+                  "type=emptyDir,size=1Gi,mountPath=/s,containers= side ; main ,env=TMPDIR;SCRATCH",
+                  "type=emptyDir,size=1Gi,mountPath=/s,initContainers=true,env=SCRATCH",
+                  "type=emptyDir,size=1Gi,mountPath=/s,containers=main,initContainers=native",
+                  "type=emptyDir,size=1Gi,mountPath=/s,initContainers=false",
+                  "type=emptyDir,size=1Gi,mountPath=/s,containers=",
+                  "side", "profile=side,containers=main,initContainers=false", "profile=shm,containers=side,initContainers=init",
+                  "type=emptyDir,size=1Gi,mountPath=/own,containers=main"]:
+        yield f"targets: {value!r}", {f"{P}/vol": value}, CONTAINERS
+    for value, field in {"type=emptyDir,mountPath=/s,containers=nope": '"nope"',
+                         "type=emptyDir,mountPath=/s,containers=main;nope;gone": '"gone"',
+                         "type=emptyDir,mountPath=/s,initContainers=setup": '"setup"',
+                         "type=emptyDir,mountPath=/s,initContainers=maybe": '"maybe"',
+                         "profile=side,containers=main;x": '"x"',
+                         "type=emptyDir,mountPath=/own,containers=side": "/own"}.items():
+        yield f"refused: targets: {value!r}", {f"{P}/vol": value}, {**CONTAINERS, "field": field}
+    yield "refused: a profile's own container the pod does not have", {f"{P}/vol": "side"}, {"field": '"side"'}
+    yield "targets: two volumes at one path in different containers", \
+        {f"{P}/a": "type=emptyDir,mountPath=/x,containers=main", f"{P}/b": "type=emptyDir,mountPath=/x,containers=side"}, \
+        CONTAINERS
+    yield "refused: targets: two volumes at one path in one container", \
+        {f"{P}/a": "type=emptyDir,mountPath=/x,containers=main", f"{P}/b": "type=emptyDir,mountPath=/x,containers=side;main"}, \
+        CONTAINERS
 
 
 def rule_cases(own_mount: dict):
@@ -324,7 +366,7 @@ def test_the_corpus_covers_admissions_and_refusals(cluster, release, policies):
 @pytest.mark.parametrize("value", WEBHOOK_ONLY)
 def test_what_only_the_webhook_serves_the_policies_refuse_naming_the_annotation_and_why(cluster, release, policies,
                                                                                       value):
-    """The documented differences: a container list, a size from the containers' requests and
+    """The documented differences: a size from the containers' requests and
     the JSON form are served by the webhook and refused by the policies, naming the annotation
     and saying the webhook serves it."""
     webhook, policy = both(cluster, {f"{P}/vol": value}, {})
