@@ -1068,6 +1068,25 @@ fn audit_mode_decides_as_enforce_injects_nothing_and_refuses_nothing() {
             d.warnings
         );
     }
+    // A name that is no profile is an error of the annotation, audited under the default:
+    // trying audit mode, a typo in a profile's name is told, not refused; the source is the
+    // mode, not the name the pod chose (a metric label). Under enforce it is refused.
+    let d = decide(
+        &nextflow,
+        &pod(json!({"ephemeral-volumes.io/x": "ebs-200gg"})),
+    );
+    assert_eq!((d.verdict.as_str(), d.code), ("unchanged", None));
+    assert!(
+        d.warnings[0].starts_with(
+            "audit (mode/audit): would refuse the pod (400): annotation ephemeral-volumes.io/x: profile \"ebs-200gg\" is not defined"
+        ),
+        "{:?}",
+        d.warnings
+    );
+    let enforced =
+        cfg("profiles:\n  big:\n    mode: audit\n    mountPath: /big\n    emptyDir: {}\n");
+    let d = decide(&enforced, &pod(json!({"ephemeral-volumes.io/x": "bigg"})));
+    assert_eq!((d.verdict.as_str(), d.code), ("denied:invalid", Some(400)));
     // The rule alone: the would-be volume is the rule's.
     let d = decide(&nextflow, &pod(json!({})));
     assert_eq!(

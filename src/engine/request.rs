@@ -20,12 +20,15 @@ pub(super) enum Scope {
 }
 
 /// Whether a request is audited: its rule is, the profile it names is, or (an annotation's
-/// inline volume) the configuration's default is.
+/// inline volume, or a name that is no profile: an error of the annotation) the
+/// configuration's default is.
 pub(super) fn audited(cfg: &Config, origin: &Origin<'_>, request: &VolumeRequest) -> bool {
     audited_rule(cfg, origin)
         || match &request.source {
-            Requested::Profile(p) => cfg.audited_profiles.contains(p),
-            Requested::Inline(_) => origin.is_annotation() && cfg.mode == Mode::Audit,
+            Requested::Profile(p) if cfg.profiles.contains_key(p) => {
+                cfg.audited_profiles.contains(p)
+            }
+            _ => origin.is_annotation() && cfg.mode == Mode::Audit,
         }
 }
 
@@ -48,8 +51,9 @@ pub(super) fn audit_source(cfg: &Config, r: &Request<'_>) -> Option<String> {
     }
     Some(match (&r.origin, &r.request.source) {
         (Origin::Rule(rule), _) if audited_rule(cfg, &r.origin) => format!("rule/{rule}"),
-        (_, Requested::Profile(p)) => format!("profile/{p}"),
-        // What is left audited is an annotation's inline volume, under the default.
+        (_, Requested::Profile(p)) if cfg.profiles.contains_key(p) => format!("profile/{p}"),
+        // What is left audited is an annotation's inline volume or a name that is no profile
+        // (not the name: pods choose it, and the sources are metric labels), under the default.
         _ => MODE_AUDIT.to_owned(),
     })
 }
