@@ -11,7 +11,8 @@
 //! `policy`, with mount path, readOnly, subPath, variables and the containers and init
 //! containers each goes to; the volumes of the `rules` that match (rules.rs); under `onError:
 //! warn` a refusal is a warning and the error annotation; `policyOverrides` by the request's
-//! namespace (overrides.rs). A configuration that needs more (audit, `size: request`, a rule's
+//! namespace (overrides.rs); `mode: audit` of the whole configuration as warnings. A
+//! configuration that needs more (audit of some profiles or rules, `size: request`, a rule's
 //! own container list) is refused, naming the key, rather than compiled into policies that
 //! would treat pods otherwise; what no policy can do (the cluster checks, the webhook's
 //! warnings, the JSON form) is said as a note.
@@ -61,7 +62,16 @@ impl Policies {
     /// mutating policy and its binding are left out: the webhook adds), and every refusal is
     /// a warning and an audit annotation instead (`validationActions: [Warn, Audit]`), so that
     /// a team sees where the policies would refuse what the webhook admits, or the other way.
-    pub fn audit(mut self) -> Policies {
+    pub fn audit(self) -> Policies {
+        self.without_mutation(
+            "--audit: nothing is added and nothing refused: every refusal is a warning and an \
+             audit annotation (validationActions Warn, Audit), for comparing with the webhook",
+        )
+    }
+
+    /// The policies without the mutating policy and its binding, each refusal a warning and an
+    /// audit annotation; `note` says so.
+    fn without_mutation(mut self, note: &str) -> Policies {
         self.documents.retain(|d| {
             !matches!(
                 d["kind"].as_str(),
@@ -75,11 +85,7 @@ impl Policies {
                 d["spec"]["validationActions"] = json!(["Warn", "Audit"]);
             }
         }
-        self.notes.push(
-            "--audit: nothing is added and nothing refused: every refusal is a warning and an \
-             audit annotation (validationActions Warn, Audit), for comparing with the webhook"
-                .to_owned(),
-        );
+        self.notes.push(note.to_owned());
         self
     }
 
@@ -112,13 +118,13 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
             why: why.to_owned(),
         })
     };
-    if cfg.mode == Mode::Audit {
-        no("mode".into(), "audit is the webhook's only for now");
-    }
-    for p in &cfg.audited_profiles {
+    // Audit all or nothing: a policy binding warns or refuses, for every volume of a pod.
+    let audits = |p: &&String| (cfg.mode == Mode::Audit) != cfg.audited_profiles.contains(*p);
+    for p in cfg.profiles.keys().filter(audits) {
         no(
             format!("profiles.{p}.mode"),
-            "audit is the webhook's only for now",
+            "the policies audit everything (mode: audit at the top, no profile or rule \
+             enforced) or nothing",
         );
     }
     for (name, p) in &cfg.profiles {
@@ -188,9 +194,13 @@ fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
         pointer: "",
     };
     // A profile by name is trusted: its refusal does not depend on the namespace's policy
-    // (decided without the overrides, which would wait for the namespace's labels).
+    // (decided without the overrides, which would wait for the namespace's labels), nor on the
+    // rules (none adds to this pod), nor on the mode (enforced: what enforcing would refuse).
     let mut cfg = cfg.clone();
     cfg.overrides.clear();
+    cfg.rules.clear();
+    cfg.mode = Mode::Enforce;
+    cfg.audited_profiles.clear();
     // Under `onError: warn` the webhook admits such a pod, saying the same refusal.
     match decide(&cfg, None, &pod, at) {
         Decision::Denied(d) | Decision::AdmittedDespiteError { denial: d, .. } => {
@@ -231,9 +241,18 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
             (chosen, documents(cfg, &at, name, exclude, &refused))
         })
         .collect();
-    Ok(Policies {
+    let compiled = Policies {
         documents: overrides::merge(cfg, variants),
         notes: notes(cfg),
+    };
+    Ok(match cfg.mode {
+        Mode::Enforce => compiled,
+        Mode::Audit => compiled.without_mutation(
+            "mode: audit: nothing is added and nothing refused; what would be added or \
+             refused is a warning and an audit annotation (validationActions Warn, Audit); \
+             unlike the webhook, a pod past the 64 volume annotations a pod may have is \
+             warned, not refused",
+        ),
     })
 }
 
@@ -296,10 +315,7 @@ fn pod_policies(cfg: &Config, name: &str, at: &Cel, refused: &[(&str, String)]) 
     let constraints = json!({"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                                                  "operations": ["CREATE"], "resources": ["pods"]}]});
     let conditions = json!([{"name": "asks", "expression": at.asks("object.metadata", "")}]);
-    let mut variables = at.variables(refused);
-    if let Value::Array(v) = &mut variables {
-        v.push(json!({"name": "missing", "expression": at.missing()}));
-    }
+    let variables = at.variables(refused);
     let mutating = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": name},

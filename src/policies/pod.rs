@@ -13,7 +13,7 @@ use super::{
     sources,
 };
 use crate::{
-    config::{Config, OnError, Policy},
+    config::{Config, Mode, OnError, Policy},
     echo::MESSAGE_LIMIT,
     engine::{RuleVolume, bounds::MAX_VOLUMES},
     validate::MAX_PROBLEMS,
@@ -44,6 +44,8 @@ pub(super) struct Cel<'c> {
     pub(super) rules: Rules<'c>,
     /// `onError: warn`: a pod with a problem is admitted without volumes.
     warn: bool,
+    /// `mode: audit`: nothing is added or refused; both are said (the bindings warn).
+    audit: bool,
 }
 
 impl<'c> Cel<'c> {
@@ -57,6 +59,7 @@ impl<'c> Cel<'c> {
         Cel {
             rules: Rules::new(cfg, policy, &prefix),
             warn: cfg.on_error == OnError::Warn,
+            audit: cfg.mode == Mode::Audit,
             prefix,
             served,
             profiles: cfg.profiles.keys().map(String::as_str).collect(),
@@ -430,6 +433,7 @@ impl<'c> Cel<'c> {
                        "variables.served.filter(k, \
                         !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
                        self.volume())}),
+            json!({"name": "missing", "expression": self.missing()}),
             json!({"name": "refusal", "expression": self.refusal()}),
         ]);
         Value::Array(out)
@@ -536,16 +540,30 @@ impl<'c> Cel<'c> {
     pub(super) fn validations(&self) -> Value {
         // Under `onError: warn` the refusal is a warning (the binding's action), said as the
         // webhook says it.
-        let said = if self.warn {
+        let said = if self.audit {
+            "'audit: would refuse the pod: ' + "
+        } else if self.warn {
             "'volumes not injected: ' + "
         } else {
             ""
         };
-        json!([{
+        let mut out = vec![json!({
             "expression": "variables.refusal == ''",
             "messageExpression": format!("{said}variables.refusal"),
             "reason": "Invalid",
-        }])
+        })];
+        if self.audit {
+            // As the webhook says it: the volumes it would add, else that it would add mounts.
+            out.push(json!({
+                "expression": "!variables.missing",
+                "messageExpression": format!(
+                    "variables.wanted.size() > 0 ? 'audit: would inject ' + variables.wanted.map(k, {}).join(', ') \
+                     : 'audit: would change the pod otherwise'",
+                    self.volume()
+                ),
+            }));
+        }
+        Value::Array(out)
     }
 }
 

@@ -7,7 +7,7 @@
 
 use super::{Unsupported, cel::quote};
 use crate::{
-    config::{Config, Mode, Policy, Rule},
+    config::{Config, Policy, Rule},
     engine::{RuleVolume, rule_volume},
     volume::{InitTargets, Requested},
 };
@@ -33,10 +33,12 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
     let mut out = Vec::new();
     for rule in &cfg.rules {
         let at = format!("rules[{}]", rule.name);
-        if rule.mode == Mode::Audit {
+        if rule.mode != cfg.mode {
             out.push(Unsupported {
                 key: format!("{at}.mode"),
-                why: "audit is the webhook's only for now".to_owned(),
+                why: "the policies audit everything (mode: audit at the top, no profile or rule \
+                      enforced) or nothing"
+                    .to_owned(),
             });
         }
         for (name, request) in &rule.volumes {

@@ -451,3 +451,53 @@ fn a_mount_goes_to_the_containers_a_request_names_each_of_which_the_pod_must_hav
         assert!(m.contains(part), "{part} not in {m}");
     }
 }
+
+#[test]
+fn under_mode_audit_nothing_is_added_or_refused_and_both_are_said() {
+    let cfg = Config::parse(&format!("mode: audit\n{PROFILES}")).unwrap();
+    let p = compile(&cfg, "evi", &[]).unwrap();
+    assert!(
+        p.documents
+            .iter()
+            .all(|d| !d["kind"].as_str().unwrap().starts_with("Mutating"))
+    );
+    for d in p
+        .documents
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+    {
+        let warns = if d["metadata"]["name"] == "evi-bounds" {
+            json!(["Warn"])
+        } else {
+            json!(["Warn", "Audit"])
+        };
+        assert_eq!(d["spec"]["validationActions"], warns, "{d}");
+    }
+    let v = text(&p, "ValidatingAdmissionPolicy");
+    assert!(
+        v.contains("'audit: would refuse the pod: ' + variables.refusal"),
+        "{v}"
+    );
+    assert!(
+        v.contains("'audit: would inject ' + variables.wanted"),
+        "{v}"
+    );
+    // Audit all or nothing: a profile or rule enforced under audit, or audited under enforce.
+    let mixed = Config::parse(
+        "mode: audit\nprofiles:\n  a: {mode: enforce, mountPath: /a, emptyDir: {}}\n  b: {mountPath: /b, emptyDir: {}}\n\
+         rules:\n  - name: r\n    mode: enforce\n    volumes:\n      v: {profile: b}\n",
+    )
+    .unwrap();
+    let keys: Vec<String> = compile(&mixed, "evi", &[])
+        .unwrap_err()
+        .into_iter()
+        .map(|u| u.key)
+        .collect();
+    assert_eq!(keys, ["profiles.a.mode", "rules[r].mode"]);
+    let one =
+        Config::parse("profiles:\n  a: {mode: audit, mountPath: /a, emptyDir: {}}\n").unwrap();
+    assert_eq!(
+        compile(&one, "evi", &[]).unwrap_err()[0].key,
+        "profiles.a.mode"
+    );
+}

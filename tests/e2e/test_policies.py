@@ -213,11 +213,11 @@ def container_cases():
                   "type=emptyDir,size=1Gi,mountPath=/s,initContainers=true,env=SCRATCH",
                   "type=emptyDir,size=1Gi,mountPath=/s,containers=main,initContainers=native",
                   "type=emptyDir,size=1Gi,mountPath=/s,initContainers=false",
-                  "type=emptyDir,size=1Gi,mountPath=/s,containers=",
                   "side", "profile=side,containers=main,initContainers=false", "profile=shm,containers=side,initContainers=init",
                   "type=emptyDir,size=1Gi,mountPath=/own,containers=main"]:
         yield f"targets: {value!r}", {f"{P}/vol": value}, CONTAINERS
     for value, field in {"type=emptyDir,mountPath=/s,containers=nope": '"nope"',
+                         "type=emptyDir,size=1Gi,mountPath=/s,containers=": "containers is empty",
                          "type=emptyDir,mountPath=/s,containers=main;nope;gone": '"gone"',
                          "type=emptyDir,mountPath=/s,initContainers=setup": '"setup"',
                          "type=emptyDir,mountPath=/s,initContainers=maybe": '"maybe"',
