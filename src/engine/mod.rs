@@ -28,7 +28,7 @@ use crate::{
     decision::{Decision, Denial, DenyReason},
     echo,
     pod::PodView,
-    volume::{VolumeKind, VolumeRequest},
+    volume::{InitTargets, Requested, VolumeKind, VolumeRequest},
 };
 
 use self::{
@@ -66,6 +66,10 @@ pub struct RuleVolume {
     pub sub_path: Option<String>,
     /// The variables set to the mount path.
     pub env: Vec<String>,
+    /// The containers it goes to, by name: every one when `None`.
+    pub containers: Option<Vec<String>>,
+    /// The init containers it goes to.
+    pub init_containers: InitTargets,
 }
 
 /// [`RuleVolume`] of volume `name` of rule `rule` under `policy` (the namespace's), or the
@@ -77,8 +81,32 @@ pub fn rule_volume(
     name: &str,
     request: &VolumeRequest,
 ) -> Result<RuleVolume, Denial> {
-    let pod: PodView = serde_json::from_str(r#"{"spec":{"containers":[{"name":"c"}]}}"#)
-        .map_err(|e| Denial::invalid(e.to_string()))?;
+    // The containers it names, the request's own or its profile's (whether a pod has them is
+    // decided pod by pod).
+    let profile = match &request.source {
+        Requested::Profile(p) => cfg.profiles.get(p).map(|p| &p.mount),
+        Requested::Inline(_) => None,
+    };
+    let containers =
+        (request.mount.containers.clone()).or_else(|| profile.and_then(|m| m.containers.clone()));
+    let init_containers = (request.mount.init_containers.clone())
+        .or_else(|| profile.and_then(|m| m.init_containers.clone()))
+        .unwrap_or(InitTargets::None);
+    let named = |names: &[String]| -> Vec<serde_json::Value> {
+        names
+            .iter()
+            .map(|n| serde_json::json!({"name": n}))
+            .collect()
+    };
+    let init = match &init_containers {
+        InitTargets::Named(names) => named(names),
+        _ => Vec::new(),
+    };
+    let spec = serde_json::json!({"spec": {
+        "containers": named(containers.as_deref().unwrap_or(&["c".to_owned()])),
+        "initContainers": init}});
+    let text = spec.to_string();
+    let pod: PodView = serde_json::from_str(&text).map_err(|e| Denial::invalid(e.to_string()))?;
     let request = Request {
         name,
         origin: request::Origin::Rule(rule),
@@ -92,6 +120,8 @@ pub fn rule_volume(
         read_only: v.read_only,
         sub_path: v.sub_path.map(Cow::into_owned),
         env: v.env.into_owned(),
+        containers,
+        init_containers,
     })
 }
 

@@ -233,12 +233,13 @@ impl<'c> Cel<'c> {
                 own
             }
         };
+        let inits = |targets: Option<&InitTargets>| match targets {
+            None | Some(InitTargets::None) => "[]".to_owned(),
+            Some(InitTargets::All) => inline::ALL.to_owned(),
+            Some(InitTargets::Named(names)) => list(names.iter().map(String::as_str)),
+        };
         let init_containers = |p: &Profile, fields: bool| {
-            let own = match &p.mount.init_containers {
-                None | Some(InitTargets::None) => "[]".to_owned(),
-                Some(InitTargets::All) => inline::ALL.to_owned(),
-                Some(InitTargets::Named(names)) => list(names.iter().map(String::as_str)),
-            };
+            let own = inits(p.mount.init_containers.as_ref());
             if fields {
                 Form::init_containers_or(&own)
             } else {
@@ -261,19 +262,20 @@ impl<'c> Cel<'c> {
                    "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"}),
             json!({"name": "targets",
                    "expression": Self::each_known(self.per_annotation(|_| Form::containers_or(all), containers,
-                       |_| all.to_owned()))}),
+                       |r| r.containers.as_ref().map_or_else(|| all.to_owned(), |n| list(n.iter().map(String::as_str)))))}),
             json!({"name": "initTargets",
                    "expression": Self::each_known(self.per_annotation(|_| Form::init_containers_or("[]"),
-                       init_containers, |_| "[]".to_owned()))}),
+                       init_containers, |r| inits(Some(&r.init_containers))))}),
             json!({"name": "aimed",
                    "expression": format!("variables.targets.transformMap(k, l, l == {all} ? variables.names : l)")}),
             json!({"name": "aimedInit",
                    "expression": format!("variables.initTargets.transformMap(k, l, l == {all} ? variables.initNames : l)")}),
             json!({"name": "unaimed",
                    "expression": format!(
-                       "variables.known.map(k, ({} + {}).map(x, 'annotation ' + k + ': ' + x)).flatten()",
+                       "variables.known.map(k, ({} + {}).map(x, {} + ': ' + x)).flatten()",
                        missing("container", "targets", "names"),
-                       missing("init container", "initTargets", "initNames"))}),
+                       missing("init container", "initTargets", "initNames"),
+                       self.describe("k"))}),
         ]
     }
 

@@ -9,7 +9,7 @@ use super::{Unsupported, cel::quote};
 use crate::{
     config::{Config, Policy, Rule},
     engine::{RuleVolume, rule_volume},
-    volume::{InitTargets, Requested},
+    volume::Requested,
 };
 
 /// One volume of one rule.
@@ -44,25 +44,12 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
         for (name, request) in &rule.volumes {
             let at = format!("{at}.volumes.{name}");
             let before = out.len();
-            let mount = &request.mount;
             let mut no = |field: &str, why: &str| {
                 out.push(Unsupported {
                     key: format!("{at}.{field}"),
                     why: why.to_owned(),
                 })
             };
-            if mount.containers.is_some() {
-                no(
-                    "containers",
-                    "the policies mount into every container for now",
-                );
-            }
-            if !matches!(mount.init_containers, None | Some(InitTargets::None)) {
-                no(
-                    "initContainers",
-                    "the policies mount into every container for now",
-                );
-            }
             if request.size_from_request {
                 no(
                     "size",
@@ -72,18 +59,14 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
             // Resolved as the webhook resolves it in any pod, unless refused already (its
             // profile's own refusal is the profile's).
             let profile_refused = match &request.source {
-                Requested::Profile(p) => cfg.profiles.get(p).is_some_and(|p| {
-                    p.mount.containers.is_some()
-                        || !matches!(p.mount.init_containers, None | Some(InitTargets::None))
-                        || p.size_from_request
-                }),
+                Requested::Profile(p) => cfg.profiles.get(p).is_some_and(|p| p.size_from_request),
                 Requested::Inline(_) => false,
             };
             if profile_refused {
                 out.push(Unsupported {
                     key: format!("{at}.profile"),
-                    why: "a profile with its own containers, initContainers or size: request: \
-                          the policies mount a rule's volume into every container for now"
+                    why: "a profile with size: request: a size from the containers' requests is \
+                          the webhook's only for now"
                         .to_owned(),
                 });
             }

@@ -28,8 +28,8 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
     let cfg = Config::parse(
         "onError: warn\nprofiles:\n  r: {mountPath: /r, size: request, emptyDir: {}}\n  \
          c: {mountPath: /c, containers: [main], emptyDir: {}}\n\
-         rules:\n  - name: x\n    volumes:\n      v: {profile: c}\n  - name: y\n    mode: audit\n    \
-         volumes:\n      w: type=emptyDir,mountPath=/w,containers=main\n",
+         rules:\n  - name: x\n    volumes:\n      v: {profile: r}\n  - name: y\n    mode: audit\n    \
+         volumes:\n      w: type=emptyDir,mountPath=/w,size=request\n",
     )
     .unwrap();
     let keys: Vec<String> = compile(&cfg, "evi", &[])
@@ -43,7 +43,7 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
             "profiles.r.size",
             "rules[x].volumes.v.profile",
             "rules[y].mode",
-            "rules[y].volumes.w.containers",
+            "rules[y].volumes.w.size",
         ]
     );
 }

@@ -62,6 +62,11 @@ CONFIG = {
         {"name": "later", "podSelector": {"matchExpressions": [
             {"key": "parity/later", "operator": "Exists"}, {"key": "tier", "operator": "NotIn", "values": ["gold"]}]},
          "volumes": {"shm": {"profile": "shm"}, "cache": {"mountPath": "/cache", "emptyDir": {"sizeLimit": "3Gi"}}}},
+        # A rule's volume into named containers: its own lists, and a profile's.
+        {"name": "sidecar-only", "podSelector": {"matchLabels": {"parity/rule": "sidecar"}},
+         "volumes": {"logs": "type=emptyDir,size=1Gi,mountPath=/logs,containers=side,initContainers=native,env=LOGS"}},
+        {"name": "side-profile", "podSelector": {"matchLabels": {"parity/rule": "side"}},
+         "volumes": {"sp": {"profile": "side"}}},
     ],
 }
 BOUNDS_NS = "parity-bounds"
@@ -225,6 +230,11 @@ def container_cases():
                          "type=emptyDir,mountPath=/own,containers=side": "/own"}.items():
         yield f"refused: targets: {value!r}", {f"{P}/vol": value}, {**CONTAINERS, "field": field}
     yield "refused: a profile's own container the pod does not have", {f"{P}/vol": "side"}, {"field": '"side"'}
+    yield "targets: a rule's volume into named containers", {}, {**CONTAINERS, "labels": {"parity/rule": "sidecar"}}
+    yield "targets: a rule's volume of a profile with its own containers", {}, {
+        **CONTAINERS, "labels": {"parity/rule": "side"}}
+    yield "refused: targets: a rule's volume for a container the pod does not have", {}, {
+        "labels": {"parity/rule": "sidecar"}, "field": '"side"'}
     yield "targets: two volumes at one path in different containers", \
         {f"{P}/a": "type=emptyDir,mountPath=/x,containers=main", f"{P}/b": "type=emptyDir,mountPath=/x,containers=side"}, \
         CONTAINERS
