@@ -718,6 +718,23 @@ policy: {maxSize: {ephemeral: 100Gi}}
         ),
     );
     assert_eq!(storage(&d, "s"), json!("3Gi"));
+    // As the container spells it (what Nextflow wrote, and what a policy can copy): a decimal
+    // request stays decimal; of equal ones, the first.
+    for (first, second, want) in [
+        ("5Gi", "10G", "10G"),
+        ("10240Mi", "10Gi", "10240Mi"),
+        ("1500M", "1.5G", "1500M"),
+    ] {
+        let d = decide(
+            &c,
+            &two_containers(
+                Some(first),
+                Some(second),
+                json!({"ephemeral-volumes.io/s": "scratch"}),
+            ),
+        );
+        assert_eq!(storage(&d, "s"), json!(want), "{first} {second}");
+    }
 }
 
 #[test]

@@ -89,7 +89,8 @@ pub(super) fn find(
 }
 
 /// `size=request`: the largest `ephemeral-storage` request of the targeted containers (what
-/// Nextflow's `disk` directive sets). None of them having one is an error naming them.
+/// Nextflow's `disk` directive sets), spelt as that container spells it (the first of equal
+/// ones, containers before init containers). None of them having one is an error naming them.
 pub(super) fn requested_size(
     pod: &PodView,
     containers: &Targets,
@@ -98,22 +99,24 @@ pub(super) fn requested_size(
     let targeted: Vec<&ContainerView> = targeted(pod.containers(), containers)
         .chain(targeted(pod.init_containers(), init_containers))
         .collect();
-    let mut largest: Option<Quantity> = None;
+    let mut largest: Option<(Quantity, &str)> = None;
     for c in &targeted {
         let request = c
             .resources
             .as_ref()
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.ephemeral_storage.as_ref());
-        if let Some(q) = request {
-            let q = q
+        if let Some(text) = request {
+            let q = text
                 .parse::<Quantity>()
                 .map_err(|e| Denial::invalid(format!("size=request: container {}: {e}", c.name)))?;
-            largest = largest.max(Some(q));
+            if largest.as_ref().is_none_or(|(l, _)| q > *l) {
+                largest = Some((q, text));
+            }
         }
     }
     match largest {
-        Some(q) if !q.is_zero() => Ok(q.to_string()),
+        Some((q, text)) if !q.is_zero() => Ok(text.to_owned()),
         _ => Err(Denial::invalid(format!(
             "size=request, but {} (set one, e.g. with Nextflow's disk directive, or give a size)",
             match targeted.as_slice() {
