@@ -104,7 +104,26 @@ impl<'p> Form<'p> {
     /// where comparing pairs with pairs is not) and `kv` (empty when a key is given twice),
     /// and the names of `env` (`envs`), for the values in key=value form of at most
     /// [`MAX_VALUE`] characters and [`MAX_PAIRS`] pairs only.
-    pub fn variables() -> [(&'static str, String); 4] {
+    pub fn variables() -> [(&'static str, String); 9] {
+        // `size=request` (the inline form): the targeted containers' names (as the webhook
+        // targets them: every container unless `containers`, the init containers
+        // `initContainers` names), their positive ephemeral-storage requests, the largest
+        // (the first of equal ones) as the container spells it.
+        let targeted = |list: &str, test: &str| format!("object.spec.{list}.filter(c, {test})");
+        let containers = targeted(
+            "containers",
+            "!('containers' in f) || c.name in f['containers'].split(';').map(x, x.trim())",
+        );
+        let inits = format!(
+            "(has(object.spec.initContainers) ? {} : [])",
+            targeted(
+                "initContainers",
+                "'initContainers' in f && (f['initContainers'] == 'true' || (f['initContainers'] != 'false' \
+                 && c.name in f['initContainers'].split(';').map(x, x.trim())))"
+            )
+        );
+        let request = "has(c.resources) && has(c.resources.requests) && 'ephemeral-storage' in c.resources.requests";
+        let asks = "f[?'size'] == optional.of('request') && !('profile' in f) && f[?'type'].orValue('') != 'csi'";
         [
             (
                 "pairs",
@@ -124,9 +143,45 @@ impl<'p> Form<'p> {
                     .to_owned(),
             ),
             (
-                "kv",
+                "parsed",
                 "variables.pairs.transformMap(k, ps, variables.twice[k].size() > 0 ? {} \
                  : ps.filter(p, p.size() == 2).transformMapEntry(i, p, {p[0]: p[1]}))"
+                    .to_owned(),
+            ),
+            (
+                "reqNames",
+                format!(
+                    "variables.parsed.transformMapEntry(k, f, {asks}, \
+                     {{k: {containers}.map(c, c.name) + {inits}.map(c, c.name)}})"
+                ),
+            ),
+            (
+                "requests",
+                format!(
+                    "variables.parsed.transformMapEntry(k, f, {asks}, \
+                     {{k: ({containers}.filter(c, {request}).map(c, string(c.resources.requests['ephemeral-storage'])) \
+                     + {inits}.filter(c, {request}).map(c, string(c.resources.requests['ephemeral-storage'])))\
+                     .filter(q, isQuantity(q) && quantity(q).isGreaterThan(quantity('0')))}})"
+                ),
+            ),
+            (
+                // Each list's largest, once (the API server's CEL has no cel.bind).
+                "reqMax",
+                "variables.requests.transformMap(k, rs, rs.size() == 0 ? 0.0 \
+                 : rs.map(q, quantity(q).asApproximateFloat()).max())"
+                    .to_owned(),
+            ),
+            (
+                "requested",
+                "variables.requests.transformMap(k, rs, rs.size() == 0 ? '' \
+                 : rs.filter(q, quantity(q).asApproximateFloat() == variables.reqMax[k])[0])"
+                    .to_owned(),
+            ),
+            (
+                // The parsed pairs, `size=request` read as the size it stands for.
+                "kv",
+                "variables.parsed.transformMap(k, f, k in variables.requested && variables.requested[k] != '' \
+                 ? f.transformMapEntry(x, y, {x: x == 'size' ? variables.requested[k] : y}) : f)"
                     .to_owned(),
             ),
             (
@@ -180,6 +235,16 @@ impl<'p> Form<'p> {
         ));
         out.push(shorthands());
         out.push(self.size());
+        // size=request that found no request (the size stands in for it otherwise).
+        let names = "variables.reqNames[k]";
+        out.push(when(
+            &format!("{KV}[?'size'] == optional.of('request') && {t} != 'csi'"),
+            &format!(
+                "'size=request, but ' + ({names}.size() == 1 ? 'container ' + {names}[0] + ' has no ephemeral-storage request' \
+                 : 'none of the containers ' + {names}.join(', ') + ' has an ephemeral-storage request') \
+                 + ' (set one, e.g. with Nextflow\\'s disk directive, or give a size)'"
+            ),
+        ));
         out.extend(self.source_fields());
         out.extend(mount_fields(true));
         // A key given twice leaves the fields unread (`kv` is empty): its pairs' problems only.
@@ -213,9 +278,12 @@ impl<'p> Form<'p> {
                 "'attr. needs a key, e.g. attr.secretProviderClass=vault-db'",
             ),
             when(
-                &format!("{KV}[?'size'] == optional.of('request')"),
+                &format!(
+                    "{} && {KV}[?'size'] == optional.of('request')",
+                    has("profile")
+                ),
                 "'size=request: the admission policies do not read a size from the containers\\' \
-                 requests (the webhook does)'",
+                 requests for a profile (the webhook does)'",
             ),
         ]
     }

@@ -8,8 +8,8 @@
 //!
 //! What the compiler serves: profiles named by an annotation's whole value or with fields
 //! (`profile=<name>,size=…`), and the key=value form (inline.rs) under the configuration's
-//! `policy`, with mount path, readOnly, subPath, variables and the containers and init
-//! containers each goes to; the volumes of the `rules` that match (rules.rs); under `onError:
+//! `policy`, with mount path, readOnly, subPath, variables, `size=request` and the containers
+//! and init containers each goes to; the volumes of the `rules` that match (rules.rs); under `onError:
 //! warn` a refusal is a warning and the error annotation; `policyOverrides` by the request's
 //! namespace (overrides.rs); `mode: audit` of the whole configuration as warnings. A
 //! configuration that needs more (audit of some profiles or rules, `size: request`) is
@@ -143,11 +143,11 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
 fn notes(cfg: &Config) -> Vec<String> {
     let mut notes =
         vec![if cfg.policy.allow_inline {
-        "the JSON form, and size=request in the key=value form, are read by the webhook only: \
-         the policies refuse them, naming the annotation"
+        "the JSON form, and size=request on a profile (profile=<name>,size=request), are read \
+         by the webhook only: the policies refuse them, naming the annotation"
     } else {
-        "size=request in the key=value form is read by the webhook only: the policies refuse \
-         it, naming the annotation"
+        "size=request on a profile (profile=<name>,size=request) is read by the webhook only: \
+         the policies refuse it, naming the annotation"
     }
     .to_owned()];
     notes.extend([

@@ -501,3 +501,29 @@ fn under_mode_audit_nothing_is_added_or_refused_and_both_are_said() {
         "profiles.a.mode"
     );
 }
+
+#[test]
+fn size_request_reads_the_largest_request_of_the_targeted_containers_as_spelt() {
+    let cfg = Config::parse(&format!(
+        "{PROFILES}policy:\n  maxSize: {{emptyDir: 100Gi}}\n"
+    ))
+    .unwrap();
+    let p = compile(&cfg, "evi", &[]).unwrap();
+    let v = text(&p, "ValidatingAdmissionPolicy");
+    for part in [
+        // Read for the inline form only, not on a CSI volume.
+        "f[?'size'] == optional.of('request') && !('profile' in f) && f[?'type'].orValue('') != 'csi'",
+        // The targeted containers and init containers, their positive requests.
+        "string(c.resources.requests['ephemeral-storage'])",
+        "quantity(q).isGreaterThan(quantity('0'))",
+        // The largest, the first of equal ones, as spelt; then read as the size.
+        "rs.filter(q, quantity(q).asApproximateFloat() == variables.reqMax[k])[0]",
+        "{x: x == 'size' ? variables.requested[k] : y}",
+        // None found: said as the webhook says it.
+        "' has no ephemeral-storage request'",
+        // On a profile: only the webhook.
+        "requests for a profile (the webhook does)",
+    ] {
+        assert!(v.contains(part), "{part} not in {v}");
+    }
+}

@@ -145,7 +145,7 @@ KEY_VALUE_BAD = {
     "profile=shm,mountPath=relative": '"relative"',
 }
 # Served by the webhook only: the policies refuse them, naming the annotation (docs/policies.md).
-WEBHOOK_ONLY = ["type=ephemeral,size=request,storageClass=gp3,mountPath=/s", '{"mountPath": "/x", "emptyDir": {}}']
+WEBHOOK_ONLY = ["profile=scratch,size=request", '{"mountPath": "/x", "emptyDir": {}}']
 SHAPES = {
     "one container": {},
     "two containers, the second already with the variable and a mount": {"containers": [
@@ -210,6 +210,40 @@ CONTAINERS = {
 }
 
 
+def with_requests(main: str, side: str | None, init: str) -> dict:
+    """CONTAINERS with ephemeral-storage requests (what Nextflow's disk directive sets)."""
+    spec = copy.deepcopy(CONTAINERS)
+    for c, request in zip(spec["containers"] + spec["initContainers"][:1], (main, side, init), strict=True):
+        if request:
+            c["resources"] = {"requests": {"ephemeral-storage": request}}
+    return spec
+
+
+def request_cases():
+    """size=request in the key=value form: the largest request of the targeted containers (init
+    containers when named), spelt as the container spells it; none, over the cap, or on a CSI
+    volume refused."""
+    spec = with_requests("10G", "20Gi", "50Gi")
+    for value in ["type=emptyDir,size=request,mountPath=/s",
+                  "type=ephemeral,storageClass=gp3,size=request,mountPath=/s,containers=main",
+                  "type=emptyDir,size=request,mountPath=/s,containers=main,initContainers=init"]:
+        yield f"size=request: {value!r}", {f"{P}/vol": value}, spec
+    yield "size=request: in memory", {f"{P}/vol": "type=emptyDir,medium=Memory,size=request,mountPath=/m,containers=side"}, \
+        with_requests("10G", "2Gi", "")
+    yield "size=request: equal requests, the first one's spelling", {f"{P}/vol": "type=emptyDir,size=request,mountPath=/s"}, \
+        with_requests("20480Mi", "20Gi", "")
+    for value, spec, field in [
+        ("type=emptyDir,size=request,mountPath=/s", {}, "ephemeral-storage request"),
+        ("type=emptyDir,size=request,mountPath=/s", CONTAINERS, "none of the containers"),
+        ("type=emptyDir,size=request,mountPath=/s,containers=side", with_requests("10G", None, ""),
+         "container side has no ephemeral-storage request"),
+        ("type=emptyDir,size=request,mountPath=/s", with_requests("200Gi", None, ""), "maxSize.emptyDir"),
+        ("type=emptyDir,medium=Memory,size=request,mountPath=/s", with_requests("9Gi", None, ""), "maxSize.memory"),
+        ("type=csi,driver=secrets-store.csi.k8s.io,size=request,mountPath=/s", {}, "size"),
+    ]:
+        yield f"refused: size=request: {value!r}, {field}", {f"{P}/vol": value}, {**spec, "field": field}
+
+
 def container_cases():
     """`containers` and `initContainers`: in the key=value form, a profile's own, a profile's
     overridden; each named one required; clashes only in a container both volumes go to."""
@@ -235,6 +269,7 @@ def container_cases():
         **CONTAINERS, "labels": {"parity/rule": "side"}}
     yield "refused: targets: a rule's volume for a container the pod does not have", {}, {
         "labels": {"parity/rule": "sidecar"}, "field": '"side"'}
+    yield from request_cases()
     yield "targets: two volumes at one path in different containers", \
         {f"{P}/a": "type=emptyDir,mountPath=/x,containers=main", f"{P}/b": "type=emptyDir,mountPath=/x,containers=side"}, \
         CONTAINERS
