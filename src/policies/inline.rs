@@ -10,7 +10,7 @@ use crate::{
     annotation::FIELD_NAMES,
     config::Policy,
     quantity::Quantity,
-    volume::{Medium, Profile, VolumeKind},
+    volume::{InitTargets, Medium, Profile, VolumeKind},
 };
 
 use super::cel::{list, quote};
@@ -104,26 +104,82 @@ impl<'p> Form<'p> {
     /// where comparing pairs with pairs is not) and `kv` (empty when a key is given twice),
     /// and the names of `env` (`envs`), for the values in key=value form of at most
     /// [`MAX_VALUE`] characters and [`MAX_PAIRS`] pairs only.
-    pub fn variables() -> [(&'static str, String); 9] {
-        // `size=request` (the inline form): the targeted containers' names (as the webhook
-        // targets them: every container unless `containers`, the init containers
-        // `initContainers` names), their positive ephemeral-storage requests, the largest
-        // (the first of equal ones) as the container spells it.
-        let targeted = |list: &str, test: &str| format!("object.spec.{list}.filter(c, {test})");
-        let containers = targeted(
-            "containers",
-            "!('containers' in f) || c.name in f['containers'].split(';').map(x, x.trim())",
+    pub fn variables(profiles: &[(&str, &Profile)]) -> [(&'static str, String); 11] {
+        // `size=request`: which containers each asking annotation targets (`spec`: its
+        // containers, then its init containers, [`ALL`] for every one), their names, their
+        // positive ephemeral-storage requests, the largest (the first of equal ones) as the
+        // container spells it. Asked by the inline form, by `profile=<name>,size=request`,
+        // and by a profile whose size is `request` (by name, or with fields but no size).
+        let by_request: Vec<&str> = profiles
+            .iter()
+            .filter(|(_, p)| p.size_from_request && p.compiled.kind != VolumeKind::Csi)
+            .map(|(n, _)| *n)
+            .collect();
+        let lists = |of: &str, given: &str| {
+            let mut chain = String::new();
+            for (n, p) in profiles {
+                let containers = match &p.mount.containers {
+                    Some(names) => list(names.iter().map(String::as_str)),
+                    None => ALL.to_owned(),
+                };
+                let inits = match &p.mount.init_containers {
+                    None | Some(InitTargets::None) => "[]".to_owned(),
+                    Some(InitTargets::All) => ALL.to_owned(),
+                    Some(InitTargets::Named(names)) => list(names.iter().map(String::as_str)),
+                };
+                chain.push_str(&format!(
+                    "{of} == {} ? [{containers}, {inits}] : ",
+                    quote(n)
+                ));
+            }
+            format!("({chain}{given})")
+        };
+        let field_list = |f: &str, default: &str| {
+            format!(
+                "('{f}' in f ? f['{f}'].split(';').map(x, x.trim()).filter(x, x != '') : {default})"
+            )
+        };
+        let inits_of = |default: &str| {
+            format!(
+                "('initContainers' in f ? (f['initContainers'] == 'true' ? {ALL} : f['initContainers'] == 'false' ? [] \
+                 : f['initContainers'].split(';').map(x, x.trim()).filter(x, x != '')) : {default})"
+            )
+        };
+        let csi: Vec<&str> = profiles
+            .iter()
+            .filter(|(_, p)| p.compiled.kind == VolumeKind::Csi)
+            .map(|(n, _)| *n)
+            .collect();
+        // Of annotation `k` (its pairs `f`, empty unless in key=value form; its value `v`): a
+        // list of its spec, empty when it does not ask for a size from the requests.
+        let v = "variables.values[k]";
+        let fallback = format!("[{ALL}, []]");
+        let of_profile = lists("f['profile']", &fallback);
+        let spec = format!(
+            "(k in variables.parsed ? (!('profile' in f) \
+             ? (f[?'size'] == optional.of('request') && f[?'type'].orValue('') != 'csi' \
+                ? [[{field_containers}, {inits_inline}]] : []) \
+             : (!(f['profile'] in {csi}) && (f[?'size'] == optional.of('request') \
+                || (f['profile'] in {by_request} && !('size' in f))) \
+                ? [[{profile_containers}, {profile_inits}]] : [])) \
+             : ({v} in {by_request} ? [{by_name}] : []))",
+            field_containers = field_list("containers", ALL),
+            inits_inline = inits_of("[]"),
+            csi = list(csi.iter().copied()),
+            by_request = list(by_request.iter().copied()),
+            profile_containers = field_list("containers", &format!("{of_profile}[0]")),
+            profile_inits = inits_of(&format!("{of_profile}[1]")),
+            by_name = lists(v, &fallback),
         );
+        let targeted = |list: &str, at: usize| {
+            format!("object.spec.{list}.filter(c, s[{at}] == {ALL} || c.name in s[{at}])")
+        };
+        let containers = targeted("containers", 0);
         let inits = format!(
             "(has(object.spec.initContainers) ? {} : [])",
-            targeted(
-                "initContainers",
-                "'initContainers' in f && (f['initContainers'] == 'true' || (f['initContainers'] != 'false' \
-                 && c.name in f['initContainers'].split(';').map(x, x.trim())))"
-            )
+            targeted("initContainers", 1)
         );
         let request = "has(c.resources) && has(c.resources.requests) && 'ephemeral-storage' in c.resources.requests";
-        let asks = "f[?'size'] == optional.of('request') && !('profile' in f) && f[?'type'].orValue('') != 'csi'";
         [
             (
                 "pairs",
@@ -149,19 +205,27 @@ impl<'p> Form<'p> {
                     .to_owned(),
             ),
             (
+                "forms",
+                "variables.values.transformMap(k, v, k in variables.parsed ? variables.parsed[k] : {})"
+                    .to_owned(),
+            ),
+            (
+                "reqSpec",
+                format!("variables.forms.transformMapEntry(k, f, {spec}.size() > 0, {{k: {spec}[0]}})"),
+            ),
+            (
                 "reqNames",
                 format!(
-                    "variables.parsed.transformMapEntry(k, f, {asks}, \
-                     {{k: {containers}.map(c, c.name) + {inits}.map(c, c.name)}})"
+                    "variables.reqSpec.transformMap(k, s, {containers}.map(c, c.name) + {inits}.map(c, c.name))"
                 ),
             ),
             (
                 "requests",
                 format!(
-                    "variables.parsed.transformMapEntry(k, f, {asks}, \
-                     {{k: ({containers}.filter(c, {request}).map(c, string(c.resources.requests['ephemeral-storage'])) \
+                    "variables.reqSpec.transformMap(k, s, \
+                     ({containers}.filter(c, {request}).map(c, string(c.resources.requests['ephemeral-storage'])) \
                      + {inits}.filter(c, {request}).map(c, string(c.resources.requests['ephemeral-storage'])))\
-                     .filter(q, isQuantity(q) && quantity(q).isGreaterThan(quantity('0')))}})"
+                     .filter(q, isQuantity(q) && quantity(q).isGreaterThan(quantity('0'))))"
                 ),
             ),
             (
@@ -178,10 +242,12 @@ impl<'p> Form<'p> {
                     .to_owned(),
             ),
             (
-                // The parsed pairs, `size=request` read as the size it stands for.
+                // The pairs, `size=request` (or a profile's) read as the size it stands for.
                 "kv",
-                "variables.parsed.transformMap(k, f, k in variables.requested && variables.requested[k] != '' \
-                 ? f.transformMapEntry(x, y, {x: x == 'size' ? variables.requested[k] : y}) : f)"
+                "variables.pairs.transformMap(k, ps, variables.twice[k].size() > 0 ? {} \
+                 : (k in variables.requested && variables.requested[k] != '' \
+                    ? ps.filter(p, p.size() == 2 && p[0] != 'size') + [['size', variables.requested[k]]] \
+                    : ps.filter(p, p.size() == 2)).transformMapEntry(i, p, {p[0]: p[1]}))"
                     .to_owned(),
             ),
             (
@@ -235,16 +301,6 @@ impl<'p> Form<'p> {
         ));
         out.push(shorthands());
         out.push(self.size());
-        // size=request that found no request (the size stands in for it otherwise).
-        let names = "variables.reqNames[k]";
-        out.push(when(
-            &format!("{KV}[?'size'] == optional.of('request') && {t} != 'csi'"),
-            &format!(
-                "'size=request, but ' + ({names}.size() == 1 ? 'container ' + {names}[0] + ' has no ephemeral-storage request' \
-                 : 'none of the containers ' + {names}.join(', ') + ' has an ephemeral-storage request') \
-                 + ' (set one, e.g. with Nextflow\\'s disk directive, or give a size)'"
-            ),
-        ));
         out.extend(self.source_fields());
         out.extend(mount_fields(true));
         // A key given twice leaves the fields unread (`kv` is empty): its pairs' problems only.
@@ -277,15 +333,29 @@ impl<'p> Form<'p> {
                 &has("attr."),
                 "'attr. needs a key, e.g. attr.secretProviderClass=vault-db'",
             ),
-            when(
-                &format!(
-                    "{} && {KV}[?'size'] == optional.of('request')",
-                    has("profile")
-                ),
-                "'size=request: the admission policies do not read a size from the containers\\' \
-                 requests for a profile (the webhook does)'",
-            ),
         ]
+    }
+
+    /// The refusal of `size` (a CEL string, `''` for none) past the policy's cap for a volume
+    /// like profile `p`'s, as the webhook says it.
+    pub fn over_cap(&self, p: &Profile, size: &str) -> String {
+        let cap = match (p.compiled.kind, p.compiled.medium) {
+            (VolumeKind::Ephemeral, _) => self.policy.max_ephemeral.map(|c| (c, "ephemeral")),
+            (VolumeKind::EmptyDir, Medium::Memory) => self.policy.max_memory.map(|c| (c, "memory")),
+            (VolumeKind::EmptyDir, Medium::Disk) => {
+                self.policy.max_empty_dir.map(|c| (c, "emptyDir"))
+            }
+            _ => None,
+        };
+        match cap {
+            Some((cap, field)) => format!(
+                "({size} != '' && quantity({size}).isGreaterThan(quantity({})) ? ['size ' + {size} + \
+                 ' exceeds {}.maxSize.{field} ({cap})'] : [])",
+                quote(&cap.to_string()),
+                self.policy.origin
+            ),
+            None => "[]".to_owned(),
+        }
     }
 
     /// The size: a quantity above zero, within the policy's cap for the volume's kind.

@@ -12,8 +12,8 @@
 //! and init containers each goes to; the volumes of the `rules` that match (rules.rs); under `onError:
 //! warn` a refusal is a warning and the error annotation; `policyOverrides` by the request's
 //! namespace (overrides.rs); `mode: audit` of the whole configuration as warnings. A
-//! configuration that needs more (audit of some profiles or rules, `size: request`) is
-//! refused, naming the key, rather than compiled into policies that
+//! configuration that needs more (audit of some profiles or rules, a rule's `size=request`)
+//! is refused, naming the key, rather than compiled into policies that
 //! would treat pods otherwise; what no policy can do (the cluster checks, the webhook's
 //! warnings, the JSON form) is said as a note.
 
@@ -127,27 +127,17 @@ fn unsupported(cfg: &Config) -> Vec<Unsupported> {
              enforced) or nothing",
         );
     }
-    for (name, p) in &cfg.profiles {
-        if p.size_from_request {
-            no(
-                format!("profiles.{name}.size"),
-                "request: a size from the containers' requests is the webhook's only for now",
-            );
-        }
-    }
     out.extend(rules::unsupported(cfg));
     out
 }
 
 /// What the webhook does that the policies cannot, for this configuration.
 fn notes(cfg: &Config) -> Vec<String> {
-    let mut notes =
-        vec![if cfg.policy.allow_inline {
-        "the JSON form, and size=request on a profile (profile=<name>,size=request), are read \
-         by the webhook only: the policies refuse them, naming the annotation"
+    let mut notes = vec![if cfg.policy.allow_inline {
+        "the JSON form is read by the webhook only: the policies refuse it, naming the annotation"
     } else {
-        "size=request on a profile (profile=<name>,size=request) is read by the webhook only: \
-         the policies refuse it, naming the annotation"
+        "every form the configuration allows is served (the JSON form is not allowed: \
+         policy.allowInline is false)"
     }
     .to_owned()];
     notes.extend([
@@ -176,9 +166,13 @@ fn refusal_of(cfg: &Config, profile: &str) -> Option<String> {
     // A pod with the containers the profile names (whether a pod has them is the policies'
     // check, pod by pod).
     let mount = cfg.profiles.get(profile).map(|p| &p.mount);
+    // With a request each (a profile's size may be the containers' request).
     let named = |names: Option<&Vec<String>>| -> Vec<Value> {
         let names = names.map_or_else(|| vec!["c".to_owned()], Clone::clone);
-        names.into_iter().map(|n| json!({"name": n})).collect()
+        names
+            .into_iter()
+            .map(|n| json!({"name": n, "resources": {"requests": {"ephemeral-storage": "1"}}}))
+            .collect()
     };
     let init = match mount.and_then(|m| m.init_containers.as_ref()) {
         Some(InitTargets::Named(names)) => Some(names),

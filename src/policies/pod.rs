@@ -169,7 +169,9 @@ impl<'c> Cel<'c> {
     /// policy requires one and the profile's emptyDir has none (not HugePages).
     fn source_of(&self, p: &Profile) -> Value {
         let mut source: Value = serde_json::from_str(p.compiled.json.get()).unwrap_or(Value::Null);
-        if let (Some(default), VolumeKind::EmptyDir) = (self.default_size, p.compiled.kind)
+        // A size from the containers' requests takes the default's place.
+        if let (Some(default), VolumeKind::EmptyDir, false) =
+            (self.default_size, p.compiled.kind, p.size_from_request)
             && p.compiled.medium != Medium::HugePages
             && source.get("sizeLimit").is_none()
         {
@@ -339,8 +341,25 @@ impl<'c> Cel<'c> {
         for (profile, why) in refused {
             by_name.push_str(&format!(" : v == {} ? [{}]", quote(profile), quote(why)));
         }
+        // A profile whose size is the containers' request: that size under the policy's cap.
+        let requested = "variables.requested[k]";
+        for (profile, p) in self.all.iter().filter(|(_, p)| p.size_from_request) {
+            by_name.push_str(&format!(
+                " : v == {} && k in variables.requested ? {}",
+                quote(profile),
+                self.form.over_cap(p, requested)
+            ));
+        }
+        // size=request (or a profile's) that found no request, in any form.
+        let names = "variables.reqNames[k]";
+        let no_request = format!(
+            "(k in variables.reqSpec && variables.requested[k] == '' ? ['size=request, but ' + ({names}.size() == 1 \
+             ? 'container ' + {names}[0] + ' has no ephemeral-storage request' \
+             : 'none of the containers ' + {names}.join(', ') + ' has an ephemeral-storage request') \
+             + ' (set one, e.g. with Nextflow\\'s disk directive, or give a size)'] : [])"
+        );
         format!(
-            "(!({}) ? ['volume name \"' + {n} + '\" must be a DNS-1123 label'] : [])\n + ({inline}\n : {by_name} : [])",
+            "(!({}) ? ['volume name \"' + {n} + '\" must be a DNS-1123 label'] : [])\n + {no_request}\n + ({inline}\n : {by_name} : [])",
             self.good_name()
         )
     }
@@ -370,7 +389,7 @@ impl<'c> Cel<'c> {
                    "expression": "variables.over != '' ? {} : \
                                   variables.asked.transformMapEntry(i, k, {k: variables.annotations[k].trim()})"}),
         ]);
-        for (name, expression) in Form::variables() {
+        for (name, expression) in Form::variables(&self.all) {
             out.push(json!({"name": name, "expression": expression}));
         }
         // The profile's, or with `profile=<name>,…` the annotation's where it sets one.
@@ -493,7 +512,15 @@ impl<'c> Cel<'c> {
         let n = self.volume();
         let volume = self.per_annotation(
             |form| form.volume(&n),
-            |p, fields| sources::volume(self.source_of(p), p.compiled.kind, fields, &n),
+            |p, fields| match (p.size_from_request, fields) {
+                (true, false) => sources::volume_sized(
+                    self.source_of(p),
+                    p.compiled.kind,
+                    "variables.requested[k]",
+                    &n,
+                ),
+                _ => sources::volume(self.source_of(p), p.compiled.kind, fields, &n),
+            },
             |r| sources::volume(r.source.clone(), r.kind, false, &n),
         );
         let mut out = format!(

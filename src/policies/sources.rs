@@ -33,12 +33,29 @@ pub fn volume(mut source: Value, kind: VolumeKind, fields: bool, n: &str) -> Str
         let quoted = quote(placeholder);
         text = match size {
             Some(size) => text.replace(&quoted, &Form::size_or(Some(&size))),
+            // A claim's storage is required: a profile without one has its size from the
+            // containers' requests, which the annotation's pairs then hold.
+            None if kind == VolumeKind::Ephemeral => {
+                text.replace(&quoted, "variables.kv[k][?'size'].orValue('')")
+            }
             None => text.replace(
                 &format!("{at}: {quoted}"),
                 &format!("?{at}: variables.kv[k][?'size']"),
             ),
         };
     }
+    format!("Object.spec.volumes{{name: {n}, {field}: {text}}}")
+}
+
+/// The volume named `n` with `source`, its size `size` (a CEL string: the containers' request).
+pub fn volume_sized(mut source: Value, kind: VolumeKind, size: &str, n: &str) -> String {
+    let field = kind_field(kind);
+    let placeholder = "\u{0}size\u{0}";
+    if let Some(at) = size_pointer(kind) {
+        set_pointer(&mut source, at, placeholder);
+    }
+    let text =
+        typed(&format!("Object.spec.volumes.{field}"), &source).replace(&quote(placeholder), size);
     format!("Object.spec.volumes{{name: {n}, {field}: {text}}}")
 }
 

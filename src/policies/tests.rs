@@ -40,7 +40,6 @@ fn a_configuration_the_policies_would_serve_otherwise_is_refused_naming_each_key
     assert_eq!(
         keys,
         [
-            "profiles.r.size",
             "rules[x].volumes.v.profile",
             "rules[y].mode",
             "rules[y].volumes.w.size",
@@ -167,7 +166,6 @@ fn every_field_of_the_key_value_form_is_checked_and_every_limit_compiled() {
         "needs the JSON form",
         "does not apply to profile=",
         "a profile fixes the volume source",
-        "size=request: the admission policies",
         "no volume source",
         "is not one of emptyDir, csi, ephemeral",
         "does not apply to type=",
@@ -505,25 +503,37 @@ fn under_mode_audit_nothing_is_added_or_refused_and_both_are_said() {
 #[test]
 fn size_request_reads_the_largest_request_of_the_targeted_containers_as_spelt() {
     let cfg = Config::parse(&format!(
-        "{PROFILES}policy:\n  maxSize: {{emptyDir: 100Gi}}\n"
+        "{PROFILES}  disk: {{mountPath: /disk, size: request, ephemeral: {{volumeClaimTemplate: {{spec: {{accessModes: [ReadWriteOnce]}}}}}}}}\n\
+         policy:\n  maxSize: {{emptyDir: 100Gi, ephemeral: 1Ti}}\n"
     ))
     .unwrap();
     let p = compile(&cfg, "evi", &[]).unwrap();
     let v = text(&p, "ValidatingAdmissionPolicy");
     for part in [
-        // Read for the inline form only, not on a CSI volume.
-        "f[?'size'] == optional.of('request') && !('profile' in f) && f[?'type'].orValue('') != 'csi'",
+        // Asked by the inline form (not on a CSI volume), by profile=<name>,size=request (not
+        // on a CSI profile), and by a profile whose size is the request, by name or with
+        // fields but no size.
+        "(!('profile' in f) ? (f[?'size'] == optional.of('request') && f[?'type'].orValue('') != 'csi'",
+        "!(f['profile'] in ['secrets'])",
+        "(f['profile'] in ['disk'] && !('size' in f))",
+        "(variables.values[k] in ['disk'] ?",
         // The targeted containers and init containers, their positive requests.
         "string(c.resources.requests['ephemeral-storage'])",
         "quantity(q).isGreaterThan(quantity('0'))",
         // The largest, the first of equal ones, as spelt; then read as the size.
         "rs.filter(q, quantity(q).asApproximateFloat() == variables.reqMax[k])[0]",
-        "{x: x == 'size' ? variables.requested[k] : y}",
-        // None found: said as the webhook says it.
+        "+ [['size', variables.requested[k]]]",
+        // None found, in any form, and a profile's over the cap: said as the webhook says it.
         "' has no ephemeral-storage request'",
-        // On a profile: only the webhook.
-        "requests for a profile (the webhook does)",
+        "v == 'disk' && k in variables.requested ?",
+        "' exceeds policy.maxSize.ephemeral (1Ti)'",
     ] {
         assert!(v.contains(part), "{part} not in {v}");
     }
+    // The profile's volume by name takes the request as its size.
+    let m = text(&p, "MutatingAdmissionPolicy");
+    assert!(
+        m.contains("requests: {'storage': variables.requested[k]}"),
+        "{m}"
+    );
 }

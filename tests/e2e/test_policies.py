@@ -41,6 +41,9 @@ CONFIG = {
                             "volumeAttributes": {"secretProviderClass": "vault-db"}}},
         "bare": {"emptyDir": {"sizeLimit": "2Gi"}},
         "nosize": {"mountPath": "/n", "emptyDir": {}},
+        # Nextflow's disk directive: the size is the containers' ephemeral-storage request.
+        "disk": {"mountPath": "/disk", "size": "request", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "gp3"}}}},
         "side": {"mountPath": "/side", "containers": ["side"], "initContainers": True, "env": ["SIDE"],
                  "emptyDir": {"sizeLimit": "1Gi"}},
     },
@@ -145,7 +148,7 @@ KEY_VALUE_BAD = {
     "profile=shm,mountPath=relative": '"relative"',
 }
 # Served by the webhook only: the policies refuse them, naming the annotation (docs/policies.md).
-WEBHOOK_ONLY = ["profile=scratch,size=request", '{"mountPath": "/x", "emptyDir": {}}']
+WEBHOOK_ONLY = ['{"mountPath": "/x", "emptyDir": {}}']
 SHAPES = {
     "one container": {},
     "two containers, the second already with the variable and a mount": {"containers": [
@@ -230,6 +233,14 @@ def request_cases():
         yield f"size=request: {value!r}", {f"{P}/vol": value}, spec
     yield "size=request: in memory", {f"{P}/vol": "type=emptyDir,medium=Memory,size=request,mountPath=/m,containers=side"}, \
         with_requests("10G", "2Gi", "")
+    for value in ["disk", "profile=disk,containers=main", "profile=disk,size=5Gi", "profile=scratch,size=request",
+                  "profile=shm,size=request,containers=side"]:
+        yield f"size=request: {value!r}", {f"{P}/vol": value}, with_requests("10G", "2Gi", "")
+    yield "refused: size=request: a profile's, no request", {f"{P}/vol": "disk"}, {"field": "ephemeral-storage request"}
+    yield "refused: size=request: a profile's, over the cap", {f"{P}/vol": "disk"}, {
+        **with_requests("2Ti", None, ""), "field": "maxSize.ephemeral"}
+    yield "refused: size=request: a profile's with fields, over the cap", {f"{P}/vol": "profile=shm,size=request"}, {
+        **with_requests("9Gi", None, ""), "field": "maxSize.memory"}
     yield "size=request: equal requests, the first one's spelling", {f"{P}/vol": "type=emptyDir,size=request,mountPath=/s"}, \
         with_requests("20480Mi", "20Gi", "")
     for value, spec, field in [
