@@ -28,7 +28,7 @@ use crate::{
     decision::{Decision, Denial, DenyReason},
     echo,
     pod::PodView,
-    volume::{InitTargets, Requested, VolumeKind, VolumeRequest},
+    volume::{InitTargets, Medium, Requested, VolumeKind, VolumeRequest},
 };
 
 use self::{
@@ -70,6 +70,11 @@ pub struct RuleVolume {
     pub containers: Option<Vec<String>>,
     /// The init containers it goes to.
     pub init_containers: InitTargets,
+    /// Its size is the targeted containers' largest ephemeral-storage request (`source` holds
+    /// a stand-in).
+    pub size_from_request: bool,
+    /// Where an emptyDir lives (its cap).
+    pub medium: Medium,
 }
 
 /// [`RuleVolume`] of volume `name` of rule `rule` under `policy` (the namespace's), or the
@@ -84,18 +89,23 @@ pub fn rule_volume(
     // The containers it names, the request's own or its profile's (whether a pod has them is
     // decided pod by pod).
     let profile = match &request.source {
-        Requested::Profile(p) => cfg.profiles.get(p).map(|p| &p.mount),
+        Requested::Profile(p) => cfg.profiles.get(p),
         Requested::Inline(_) => None,
     };
+    // A profile's `size: request` gives way to a size of the rule's own.
+    let size_from_request = request.size_from_request
+        || (request.size.is_none() && profile.is_some_and(|p| p.size_from_request));
+    let profile = profile.map(|p| &p.mount);
     let containers =
         (request.mount.containers.clone()).or_else(|| profile.and_then(|m| m.containers.clone()));
     let init_containers = (request.mount.init_containers.clone())
         .or_else(|| profile.and_then(|m| m.init_containers.clone()))
         .unwrap_or(InitTargets::None);
+    // Each with a request, for a size from the requests (a stand-in, `size_from_request`).
     let named = |names: &[String]| -> Vec<serde_json::Value> {
         names
             .iter()
-            .map(|n| serde_json::json!({"name": n}))
+            .map(|n| serde_json::json!({"name": n, "resources": {"requests": {"ephemeral-storage": "1"}}}))
             .collect()
     };
     let init = match &init_containers {
@@ -122,6 +132,8 @@ pub fn rule_volume(
         env: v.env.into_owned(),
         containers,
         init_containers,
+        size_from_request,
+        medium: v.medium,
     })
 }
 

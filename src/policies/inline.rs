@@ -104,7 +104,10 @@ impl<'p> Form<'p> {
     /// where comparing pairs with pairs is not) and `kv` (empty when a key is given twice),
     /// and the names of `env` (`envs`), for the values in key=value form of at most
     /// [`MAX_VALUE`] characters and [`MAX_PAIRS`] pairs only.
-    pub fn variables(profiles: &[(&str, &Profile)]) -> [(&'static str, String); 11] {
+    pub fn variables(
+        profiles: &[(&str, &Profile)],
+        rules: Option<String>,
+    ) -> [(&'static str, String); 11] {
         // `size=request`: which containers each asking annotation targets (`spec`: its
         // containers, then its init containers, [`ALL`] for every one), their names, their
         // positive ephemeral-storage requests, the largest (the first of equal ones) as the
@@ -156,13 +159,13 @@ impl<'p> Form<'p> {
         let fallback = format!("[{ALL}, []]");
         let of_profile = lists("f['profile']", &fallback);
         let spec = format!(
-            "(k in variables.parsed ? (!('profile' in f) \
+            "(f.size() > 0 ? (!('profile' in f) \
              ? (f[?'size'] == optional.of('request') && f[?'type'].orValue('') != 'csi' \
                 ? [[{field_containers}, {inits_inline}]] : []) \
              : (!(f['profile'] in {csi}) && (f[?'size'] == optional.of('request') \
                 || (f['profile'] in {by_request} && !('size' in f))) \
                 ? [[{profile_containers}, {profile_inits}]] : [])) \
-             : ({v} in {by_request} ? [{by_name}] : []))",
+             : (k in variables.values && {v} in {by_request} ? [{by_name}] : []))",
             field_containers = field_list("containers", ALL),
             inits_inline = inits_of("[]"),
             csi = list(csi.iter().copied()),
@@ -205,9 +208,17 @@ impl<'p> Form<'p> {
                     .to_owned(),
             ),
             (
+                // Each annotation's pairs (none for a profile's name), and each rule's volume
+                // that takes its size from the requests as the pairs that would say so.
                 "forms",
-                "variables.values.transformMap(k, v, k in variables.parsed ? variables.parsed[k] : {})"
-                    .to_owned(),
+                match rules {
+                    None => "variables.values.transformMap(k, v, k in variables.parsed ? variables.parsed[k] : {})"
+                        .to_owned(),
+                    Some(rule_form) => format!(
+                        "(variables.asked + variables.ruled).transformMapEntry(i, k, {{k: k in variables.parsed \
+                         ? variables.parsed[k] : k in variables.annotations ? {{}} : ({rule_form})}})"
+                    ),
+                },
             ),
             (
                 "reqSpec",
@@ -337,9 +348,9 @@ impl<'p> Form<'p> {
     }
 
     /// The refusal of `size` (a CEL string, `''` for none) past the policy's cap for a volume
-    /// like profile `p`'s, as the webhook says it.
-    pub fn over_cap(&self, p: &Profile, size: &str) -> String {
-        let cap = match (p.compiled.kind, p.compiled.medium) {
+    /// of this kind and medium, as the webhook says it.
+    pub fn over_cap(&self, kind: VolumeKind, medium: Medium, size: &str) -> String {
+        let cap = match (kind, medium) {
             (VolumeKind::Ephemeral, _) => self.policy.max_ephemeral.map(|c| (c, "ephemeral")),
             (VolumeKind::EmptyDir, Medium::Memory) => self.policy.max_memory.map(|c| (c, "memory")),
             (VolumeKind::EmptyDir, Medium::Disk) => {

@@ -12,8 +12,8 @@
 //! and init containers each goes to; the volumes of the `rules` that match (rules.rs); under `onError:
 //! warn` a refusal is a warning and the error annotation; `policyOverrides` by the request's
 //! namespace (overrides.rs); `mode: audit` of the whole configuration as warnings. A
-//! configuration that needs more (audit of some profiles or rules, a rule's `size=request`)
-//! is refused, naming the key, rather than compiled into policies that
+//! configuration that needs more (audit of some profiles or rules) is refused, naming the
+//! key, rather than compiled into policies that
 //! would treat pods otherwise; what no policy can do (the cluster checks, the webhook's
 //! warnings, the JSON form) is said as a note.
 

@@ -74,6 +74,18 @@ impl<'c> Cel<'c> {
         }
     }
 
+    /// The refusal of key `k`'s size=request (or a profile's) that found no request, in any
+    /// form, as the webhook says it (a CEL list).
+    fn no_request() -> String {
+        let names = "variables.reqNames[k]";
+        format!(
+            "(k in variables.reqSpec && variables.requested[k] == '' ? ['size=request, but ' + ({names}.size() == 1 \
+             ? 'container ' + {names}[0] + ' has no ephemeral-storage request' \
+             : 'none of the containers ' + {names}.join(', ') + ' has an ephemeral-storage request') \
+             + ' (set one, e.g. with Nextflow\\'s disk directive, or give a size)'] : [])"
+        )
+    }
+
     /// The volume name of annotation key `k` (a CEL expression).
     fn volume(&self) -> String {
         format!("k.substring({})", self.prefix.chars().count())
@@ -191,7 +203,13 @@ impl<'c> Cel<'c> {
         let same = self.per_annotation(
             |f| f.same(),
             |p, fields| sources::same(&self.source_of(p), p.compiled.kind, fields),
-            |r| sources::same(&r.source, r.kind, false),
+            |r| {
+                sources::same(
+                    &sources::without_size(r.source.clone(), r.kind),
+                    r.kind,
+                    false,
+                )
+            },
         );
         let this = self.describe("k");
         // Two requests clash at a path only in a container both go to.
@@ -274,11 +292,32 @@ impl<'c> Cel<'c> {
                    "expression": format!("variables.initTargets.transformMap(k, l, l == {all} ? variables.initNames : l)")}),
             json!({"name": "unaimed",
                    "expression": format!(
-                       "variables.known.map(k, ({} + {}).map(x, {} + ': ' + x)).flatten()",
+                       "variables.known.map(k, ({} + {}{}).map(x, {} + ': ' + x)).flatten()",
                        missing("container", "targets", "names"),
                        missing("init container", "initTargets", "initNames"),
+                       self.rule_requests(),
                        self.describe("k"))}),
         ]
+    }
+
+    /// Of a rule's volume whose size is the containers' request: none found, or one past the
+    /// policy's cap (as the webhook holds a rule's size=request to the policy), else nothing.
+    fn rule_requests(&self) -> String {
+        if self.rules.is_empty() {
+            return String::new();
+        }
+        let over = self.rules.chain(|r| {
+            if r.size_from_request {
+                self.form
+                    .over_cap(r.kind, r.medium, "variables.requested[k]")
+            } else {
+                "[]".to_owned()
+            }
+        });
+        format!(
+            " + (k in variables.annotations ? [] : {} + (k in variables.requested ? ({over}) : []))",
+            Self::no_request()
+        )
     }
 
     /// Whether annotation `k`'s volume name is a DNS-1123 label (the pod's volumes' names).
@@ -347,17 +386,11 @@ impl<'c> Cel<'c> {
             by_name.push_str(&format!(
                 " : v == {} && k in variables.requested ? {}",
                 quote(profile),
-                self.form.over_cap(p, requested)
+                self.form
+                    .over_cap(p.compiled.kind, p.compiled.medium, requested)
             ));
         }
-        // size=request (or a profile's) that found no request, in any form.
-        let names = "variables.reqNames[k]";
-        let no_request = format!(
-            "(k in variables.reqSpec && variables.requested[k] == '' ? ['size=request, but ' + ({names}.size() == 1 \
-             ? 'container ' + {names}[0] + ' has no ephemeral-storage request' \
-             : 'none of the containers ' + {names}.join(', ') + ' has an ephemeral-storage request') \
-             + ' (set one, e.g. with Nextflow\\'s disk directive, or give a size)'] : [])"
-        );
+        let no_request = Self::no_request();
         format!(
             "(!({}) ? ['volume name \"' + {n} + '\" must be a DNS-1123 label'] : [])\n + {no_request}\n + ({inline}\n : {by_name} : [])",
             self.good_name()
@@ -389,7 +422,28 @@ impl<'c> Cel<'c> {
                    "expression": "variables.over != '' ? {} : \
                                   variables.asked.transformMapEntry(i, k, {k: variables.annotations[k].trim()})"}),
         ]);
-        for (name, expression) in Form::variables(&self.all) {
+        let rule_form = (!self.rules.is_empty()).then(|| {
+            self.rules.chain(|r| {
+                if !r.size_from_request {
+                    return "{}".to_owned();
+                }
+                let mut pairs = vec![("size", "request".to_owned())];
+                if let Some(names) = &r.containers {
+                    pairs.push(("containers", names.join(";")));
+                }
+                match &r.init_containers {
+                    InitTargets::None => {}
+                    InitTargets::All => pairs.push(("initContainers", "true".to_owned())),
+                    InitTargets::Named(names) => pairs.push(("initContainers", names.join(";"))),
+                }
+                let pairs: Vec<String> = pairs
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", quote(k), quote(v)))
+                    .collect();
+                format!("{{{}}}", pairs.join(", "))
+            })
+        });
+        for (name, expression) in Form::variables(&self.all, rule_form) {
             out.push(json!({"name": name, "expression": expression}));
         }
         // The profile's, or with `profile=<name>,…` the annotation's where it sets one.
@@ -521,7 +575,12 @@ impl<'c> Cel<'c> {
                 ),
                 _ => sources::volume(self.source_of(p), p.compiled.kind, fields, &n),
             },
-            |r| sources::volume(r.source.clone(), r.kind, false, &n),
+            |r| match r.size_from_request {
+                true => {
+                    sources::volume_sized(r.source.clone(), r.kind, "variables.requested[k]", &n)
+                }
+                false => sources::volume(r.source.clone(), r.kind, false, &n),
+            },
         );
         let mut out = format!(
             "(variables.wanted.size() == 0 || has(object.spec.volumes) ? [] : \

@@ -9,7 +9,6 @@ use super::{Unsupported, cel::quote};
 use crate::{
     config::{Config, Policy, Rule},
     engine::{RuleVolume, rule_volume},
-    volume::Requested,
 };
 
 /// One volume of one rule.
@@ -41,41 +40,12 @@ pub fn unsupported(cfg: &Config) -> Vec<Unsupported> {
                     .to_owned(),
             });
         }
+        // Resolved as the webhook resolves it in any pod: a volume it would refuse whatever
+        // the pod is said here.
         for (name, request) in &rule.volumes {
-            let at = format!("{at}.volumes.{name}");
-            let before = out.len();
-            let mut no = |field: &str, why: &str| {
-                out.push(Unsupported {
-                    key: format!("{at}.{field}"),
-                    why: why.to_owned(),
-                })
-            };
-            if request.size_from_request {
-                no(
-                    "size",
-                    "request: a size from the containers' requests is the webhook's only for now",
-                );
-            }
-            // Resolved as the webhook resolves it in any pod, unless refused already (its
-            // profile's own refusal is the profile's).
-            let profile_refused = match &request.source {
-                Requested::Profile(p) => cfg.profiles.get(p).is_some_and(|p| p.size_from_request),
-                Requested::Inline(_) => false,
-            };
-            if profile_refused {
-                out.push(Unsupported {
-                    key: format!("{at}.profile"),
-                    why: "a profile with size: request: a size from the containers' requests is \
-                          the webhook's only for now"
-                        .to_owned(),
-                });
-            }
-            if before != out.len() {
-                continue;
-            }
             if let Err(d) = rule_volume(cfg, &cfg.policy, &rule.name, name, request) {
                 out.push(Unsupported {
-                    key: at.clone(),
+                    key: format!("{at}.volumes.{name}"),
                     why: d.message,
                 });
             }

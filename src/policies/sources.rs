@@ -47,6 +47,17 @@ pub fn volume(mut source: Value, kind: VolumeKind, fields: bool, n: &str) -> Str
     format!("Object.spec.volumes{{name: {n}, {field}: {text}}}")
 }
 
+/// `source` without its size (a rule's stand-in for the containers' request).
+pub fn without_size(mut source: Value, kind: VolumeKind) -> Value {
+    if let Some(at) = size_pointer(kind) {
+        if let Some(v) = source.pointer_mut(at) {
+            v.take();
+        }
+        remove_empty(&mut source);
+    }
+    source
+}
+
 /// The volume named `n` with `source`, its size `size` (a CEL string: the containers' request).
 pub fn volume_sized(mut source: Value, kind: VolumeKind, size: &str, n: &str) -> String {
     let field = kind_field(kind);

@@ -70,6 +70,9 @@ CONFIG = {
          "volumes": {"logs": "type=emptyDir,size=1Gi,mountPath=/logs,containers=side,initContainers=native,env=LOGS"}},
         {"name": "side-profile", "podSelector": {"matchLabels": {"parity/rule": "side"}},
          "volumes": {"sp": {"profile": "side"}}},
+        # Sized by the containers' requests (Nextflow's disk directive), inline and by a profile.
+        {"name": "nf-disk", "podSelector": {"matchLabels": {"parity/rule": "disk"}},
+         "volumes": {"work": "type=emptyDir,mountPath=/work2,size=request", "big": {"profile": "disk"}}},
     ],
 }
 BOUNDS_NS = "parity-bounds"
@@ -237,6 +240,11 @@ def request_cases():
                   "profile=shm,size=request,containers=side"]:
         yield f"size=request: {value!r}", {f"{P}/vol": value}, with_requests("10G", "2Gi", "")
     yield "refused: size=request: a profile's, no request", {f"{P}/vol": "disk"}, {"field": "ephemeral-storage request"}
+    yield "size=request: a rule's", {}, {**with_requests("10G", "2Gi", ""), "labels": {"parity/rule": "disk"}}
+    yield "refused: size=request: a rule's, no request", {}, {"labels": {"parity/rule": "disk"},
+                                                             "field": "ephemeral-storage request"}
+    yield "refused: size=request: a rule's, over the cap", {}, {**with_requests("200Gi", None, ""),
+                                                               "labels": {"parity/rule": "disk"}, "field": "maxSize.emptyDir"}
     yield "refused: size=request: a profile's, over the cap", {f"{P}/vol": "disk"}, {
         **with_requests("2Ti", None, ""), "field": "maxSize.ephemeral"}
     yield "refused: size=request: a profile's with fields, over the cap", {f"{P}/vol": "profile=shm,size=request"}, {
