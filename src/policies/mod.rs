@@ -21,6 +21,7 @@ mod cel;
 mod inline;
 mod overrides;
 mod pod;
+mod requests;
 mod rules;
 mod sources;
 mod workloads;

@@ -422,7 +422,45 @@ impl<'c> Cel<'c> {
                    "expression": "variables.over != '' ? {} : \
                                   variables.asked.transformMapEntry(i, k, {k: variables.annotations[k].trim()})"}),
         ]);
-        let rule_form = (!self.rules.is_empty()).then(|| {
+        for (name, expression) in Form::variables(&self.all, self.rule_forms()) {
+            out.push(json!({"name": name, "expression": expression}));
+        }
+        let (plus_ruled, ruled_size) = if self.rules.is_empty() {
+            ("", "")
+        } else {
+            (" + variables.ruled", " + variables.ruled.size()")
+        };
+
+        out.extend([
+            json!({"name": "problems",
+                   "expression": format!("variables.values.transformMap(k, v, {})", self.problems(refused))}),
+            json!({"name": "known",
+                   "expression": format!("(variables.asked.filter(k, k in variables.problems && variables.problems[k].size() == 0){plus_ruled}).sort()")}),
+        ]);
+        out.extend(self.mounts());
+        out.extend(self.targets());
+        out.extend([
+            json!({"name": "clashes", "expression": self.clashes()}),
+            // Nothing is added to a pod with a problem: the validating policy refuses it,
+            // naming the annotation, instead of the API server refusing an invalid pod.
+            json!({"name": "served",
+                   "expression": format!("variables.over == '' && variables.known.size() == variables.asked.size(){ruled_size} \
+                                  && variables.clashes.size() == 0 ? variables.known : []")}),
+            json!({"name": "wanted",
+                   "expression": format!(
+                       "variables.served.filter(k, \
+                        !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
+                       self.volume())}),
+            json!({"name": "missing", "expression": self.missing()}),
+            json!({"name": "refusal", "expression": self.refusal()}),
+        ]);
+        Value::Array(out)
+    }
+
+    /// The pairs each rule's volume that takes its size from the requests would have (a CEL
+    /// chain by key), when the configuration has rules.
+    fn rule_forms(&self) -> Option<String> {
+        (!self.rules.is_empty()).then(|| {
             self.rules.chain(|r| {
                 if !r.size_from_request {
                     return "{}".to_owned();
@@ -442,11 +480,13 @@ impl<'c> Cel<'c> {
                     .collect();
                 format!("{{{}}}", pairs.join(", "))
             })
-        });
-        for (name, expression) in Form::variables(&self.all, rule_form) {
-            out.push(json!({"name": name, "expression": expression}));
-        }
-        // The profile's, or with `profile=<name>,…` the annotation's where it sets one.
+        })
+    }
+
+    /// Each served request's mount: its path, readOnly, subPath and variables — the
+    /// profile's, or with `profile=<name>,…` the annotation's where it sets one, or the
+    /// key=value form's, or the rule's.
+    fn mounts(&self) -> Vec<Value> {
         let mount_path = |p: &Profile, fields: bool| {
             let path = quote(p.mount.mount_path.as_deref().unwrap_or(""));
             if fields { Form::path_or(&path) } else { path }
@@ -471,17 +511,7 @@ impl<'c> Cel<'c> {
             let env = list(p.mount.env.iter().flatten().map(String::as_str));
             if fields { Form::env_or(&env) } else { env }
         };
-        let (plus_ruled, ruled_size) = if self.rules.is_empty() {
-            ("", "")
-        } else {
-            (" + variables.ruled", " + variables.ruled.size()")
-        };
-
-        out.extend([
-            json!({"name": "problems",
-                   "expression": format!("variables.values.transformMap(k, v, {})", self.problems(refused))}),
-            json!({"name": "known",
-                   "expression": format!("(variables.asked.filter(k, k in variables.problems && variables.problems[k].size() == 0){plus_ruled}).sort()")}),
+        vec![
             json!({"name": "paths",
                    "expression": Self::each_known(self.per_annotation(|_| Form::path(), mount_path,
                        |r| quote(&r.mount_path)))}),
@@ -494,24 +524,7 @@ impl<'c> Cel<'c> {
             json!({"name": "env",
                    "expression": Self::each_known(self.per_annotation(|_| Form::env(), env,
                        |r| list(r.env.iter().map(String::as_str))))}),
-        ]);
-        out.extend(self.targets());
-        out.extend([
-            json!({"name": "clashes", "expression": self.clashes()}),
-            // Nothing is added to a pod with a problem: the validating policy refuses it,
-            // naming the annotation, instead of the API server refusing an invalid pod.
-            json!({"name": "served",
-                   "expression": format!("variables.over == '' && variables.known.size() == variables.asked.size(){ruled_size} \
-                                  && variables.clashes.size() == 0 ? variables.known : []")}),
-            json!({"name": "wanted",
-                   "expression": format!(
-                       "variables.served.filter(k, \
-                        !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {})))",
-                       self.volume())}),
-            json!({"name": "missing", "expression": self.missing()}),
-            json!({"name": "refusal", "expression": self.refusal()}),
-        ]);
-        Value::Array(out)
+        ]
     }
 
     /// The mounts and variables of the containers of `list` (`containers`, `initContainers`)
