@@ -239,9 +239,11 @@ def request_cases():
     for value in ["disk", "profile=disk,containers=main", "profile=disk,size=5Gi", "profile=scratch,size=request",
                   "profile=shm,size=request,containers=side"]:
         yield f"size=request: {value!r}", {f"{P}/vol": value}, with_requests("10G", "2Gi", "")
-    yield "refused: size=request: a profile's, no request", {f"{P}/vol": "disk"}, {"field": "ephemeral-storage request"}
+    # CONTAINERS' containers have no request (the default pod's has one, as Nextflow's do).
+    yield "refused: size=request: a profile's, no request", {f"{P}/vol": "disk"}, {
+        **CONTAINERS, "field": "ephemeral-storage request"}
     yield "size=request: a rule's", {}, {**with_requests("10G", "2Gi", ""), "labels": {"parity/rule": "disk"}}
-    yield "refused: size=request: a rule's, no request", {}, {"labels": {"parity/rule": "disk"},
+    yield "refused: size=request: a rule's, no request", {}, {**CONTAINERS, "labels": {"parity/rule": "disk"},
                                                              "field": "ephemeral-storage request"}
     yield "refused: size=request: a rule's, over the cap", {}, {**with_requests("200Gi", None, ""),
                                                                "labels": {"parity/rule": "disk"}, "field": "maxSize.emptyDir"}
@@ -252,7 +254,7 @@ def request_cases():
     yield "size=request: equal requests, the first one's spelling", {f"{P}/vol": "type=emptyDir,size=request,mountPath=/s"}, \
         with_requests("20480Mi", "20Gi", "")
     for value, spec, field in [
-        ("type=emptyDir,size=request,mountPath=/s", {}, "ephemeral-storage request"),
+        ("type=emptyDir,size=request,mountPath=/s,containers=main", CONTAINERS, "container main has no"),
         ("type=emptyDir,size=request,mountPath=/s", CONTAINERS, "none of the containers"),
         ("type=emptyDir,size=request,mountPath=/s,containers=side", with_requests("10G", None, ""),
          "container side has no ephemeral-storage request"),
@@ -408,6 +410,8 @@ def both(cluster, annotations: dict, spec: dict, namespaces=(WEBHOOK_NS, POLICIE
 def test_the_policies_store_what_the_webhook_stores_or_refuse_what_it_refuses(cluster, release, policies, label,
                                                                             annotations, spec):
     webhook, policy = both(cluster, annotations, spec)
+    # The corpus says what each case is: a case meant as a refusal is one.
+    assert (webhook.returncode != 0) == label.startswith("refused"), (label, webhook.stderr)
     if webhook.returncode == 0:
         assert policy.returncode == 0, f"{label}: the webhook admits, the policies refuse:\n{policy.stderr}"
         assert_same(json.loads(webhook.stdout), json.loads(policy.stdout), label)
