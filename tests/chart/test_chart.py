@@ -845,6 +845,22 @@ def test_both_mode_keeps_the_webhook_and_applies_the_policies_in_audit():
     assert policy_jobs(render()) == {}
 
 
+def test_the_policies_hook_jobs_are_scheduled_as_the_webhooks_pods_are():
+    """A hook Job that cannot be scheduled holds `helm install` until it times out: the hook
+    pods take the chart's nodeSelector and tolerations, as the webhook's and the install
+    check's do."""
+    taint = {"key": "dedicated", "operator": "Equal", "value": "platform", "effect": "NoSchedule"}
+    docs = render("--set", "policies.mode=policies", values={"nodeSelector": {"pool": "platform"},
+                                                               "tolerations": [taint]}, kube_version="1.37.0")
+    jobs = policy_jobs(docs)
+    assert set(jobs) == {"apply", "delete"}
+    for job in jobs.values():
+        spec = job["spec"]["template"]["spec"]
+        assert spec["nodeSelector"].get("pool") == "platform" and spec["tolerations"] == [taint], spec
+    plain = policy_jobs(render("--set", "policies.mode=policies", kube_version="1.37.0"))
+    assert all("tolerations" not in j["spec"]["template"]["spec"] for j in plain.values())
+
+
 def test_the_policies_modes_are_refused_on_a_cluster_older_than_1_36():
     for mode in ("policies", "both"):
         failed = render("--set", f"policies.mode={mode}", kube_version="1.35.4", check=False)

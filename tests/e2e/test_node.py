@@ -634,6 +634,45 @@ def test_host_network_serves_where_pod_ips_are_unreachable(cluster, chart, publi
         cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
 
 
+def test_the_policies_mode_installs_and_removes_the_policies_through_its_hook_jobs_on_the_node(
+        cluster, chart, published, node, tmp_path):
+    """policies.mode=policies from the published chart: no webhook pod; the pre-install hook
+    Job runs the image on the node (tainted: the hook takes the chart's tolerations) and applies
+    the compiled policies, which serve a pod by themselves; `helm uninstall` runs the
+    pre-delete hook, which removes them. Its own release and annotation prefix."""
+    release = "evi-policies-node"
+    full = f"{release}-ephemeral-volume-injector"
+    prefix = "policies-node.evi.test"
+    names = [full, f"{full}-workloads", f"{full}-cronjobs", f"{full}-bounds"]
+
+    def policies() -> set[str]:
+        return {d["metadata"]["name"] for kind in ("mutatingadmissionpolicies", "validatingadmissionpolicies")
+                for d in cluster.get(kind)["items"]} & set(names)
+    try:
+        p = install_release(cluster, published, release, {
+            "policies": {"mode": "policies"},
+            "config": {"annotationPrefix": prefix,
+                       "profiles": {"scratch": {"mountPath": "/scratch", "emptyDir": {"sizeLimit": "16Mi"}}}}}, tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert release_pods(cluster, release) == []
+        assert policies() == set(names)
+        asks = asking_pod("x")
+        asks["metadata"]["annotations"] = {f"{prefix}/scratch": "scratch"}
+        stored = wait_for("the policies to serve a pod", lambda: (lambda s: s if any(
+            v["name"] == "scratch" for v in s["spec"].get("volumes", [])) else None)(
+            json.loads(cluster.create(asks, "--dry-run=server").stdout)), timeout=30, interval=0.5)
+        assert {"name": "scratch", "emptyDir": {"sizeLimit": "16Mi"}} in stored["spec"]["volumes"]
+        assert stored["metadata"]["annotations"][f"injector.{prefix}/injected"] == "scratch"
+        uninstalled = cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
+        assert uninstalled.returncode == 0, uninstalled.stderr
+        assert policies() == set()
+    finally:
+        cluster.helm("uninstall", release, "-n", RELEASE_NS, "--wait", check=False)
+        for kind in ("mutatingadmissionpolicybinding", "validatingadmissionpolicybinding",
+                     "mutatingadmissionpolicy", "validatingadmissionpolicy"):
+            cluster.kubectl("delete", kind, *names, "--ignore-not-found", check=False)
+
+
 @pytest.fixture(scope="module")
 def cert_manager(cluster, node, tmp_path_factory):
     """cert-manager v1.21's controllers and CA injector (tests/controlplane/certmanager), as a
