@@ -14,6 +14,7 @@ reinvocation after a later policy adds a container."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import itertools
@@ -329,32 +330,51 @@ def rule_cases(own_mount: dict):
 CASES = list(cases())
 
 
-@pytest.fixture(scope="module")
-def policies(cluster, release, tmp_path_factory):
-    """The compiled policies, bound to POLICIES_NS only (the webhook leaves it alone)."""
-    path = tmp_path_factory.mktemp("policies") / "values.yaml"
-    path.write_text(yaml.safe_dump(VALUES))
-    out = subprocess.run([str(BINARY), "policies", "--config", str(path)], capture_output=True, text=True,
-                         check=True)
+@contextlib.contextmanager
+def applied_policies(cluster, config: dict, name: str, namespaces, workdir):
+    """The policies `policies` compiles from `config` under `name`, bound to `namespaces` only,
+    applied for the block (then deleted); yields the objects. The caller waits for the API
+    server to take them up: each policy in its own time, a second or two."""
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([str(BINARY), "policies", "--config", str(path), "--name", name],
+                         capture_output=True, text=True, check=True)
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     for d in docs:
         if d["kind"].endswith("Binding"):
             d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [POLICIES_NS, BOTH_NS]}]}}
-    items = {"apiVersion": "v1", "kind": "List", "items": docs}
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": list(namespaces)}]}}
+    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    cluster.kubectl("apply", "-f", "-", input=items)
+    try:
+        yield docs
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
+
+
+def case_pod(namespace: str, annotations: dict, spec: dict) -> dict:
+    """A case's pod: its annotations, its labels, the rest of `spec` over the pod's spec."""
+    p = pod(namespace=namespace, annotations=annotations, labels=spec.get("labels"))
+    p["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k not in ("field", "labels")})
+    return p
+
+
+@pytest.fixture(scope="module")
+def policies(cluster, release, tmp_path_factory):
+    """The compiled policies, bound to POLICIES_NS and BOTH_NS only (the webhook leaves the
+    first alone)."""
     for ns in (WEBHOOK_NS, POLICIES_NS, BOTH_NS):
         cluster.namespace(ns)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
-    # The API server's policy informer takes them up within a second or two.
-    probe = pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "shm"})
-    wait_for("the policies to take effect", lambda: "probe" in {
-        v["name"] for v in json.loads(cluster.create(probe, "--dry-run=server").stdout)["spec"].get("volumes", [])},
-        timeout=30, interval=0.5)
-    wait_for("the policies to refuse", lambda: cluster.create(
-        pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server", check=False).returncode != 0,
-        timeout=30, interval=0.5)
-    yield docs
-    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=json.dumps(items))
+    with applied_policies(cluster, CONFIG, "ephemeral-volume-injector", (POLICIES_NS, BOTH_NS),
+                          tmp_path_factory.mktemp("policies")) as docs:
+        probe = pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "shm"})
+        wait_for("the policies to take effect", lambda: "probe" in {
+            v["name"] for v in json.loads(cluster.create(probe, "--dry-run=server").stdout)["spec"].get("volumes", [])},
+            timeout=30, interval=0.5)
+        wait_for("the policies to refuse", lambda: cluster.create(
+            pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server",
+            check=False).returncode != 0, timeout=30, interval=0.5)
+        yield docs
 
 
 def normalized(stored: dict) -> dict:
@@ -398,11 +418,7 @@ def named(message: str) -> set[str]:
 
 def both(cluster, annotations: dict, spec: dict, namespaces=(WEBHOOK_NS, POLICIES_NS)) -> tuple[
         subprocess.CompletedProcess, subprocess.CompletedProcess]:
-    results = []
-    for ns in namespaces:
-        p = pod(namespace=ns, annotations=annotations, labels=spec.get("labels"))
-        p["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k not in ("field", "labels")})
-        results.append(cluster.create(p, "--dry-run=server", check=False))
+    results = [cluster.create(case_pod(ns, annotations, spec), "--dry-run=server", check=False) for ns in namespaces]
     return results[0], results[1]
 
 
@@ -584,23 +600,12 @@ def unbounded_policies(cluster, tmp_path_factory):
     read), named apart and bound to BOUNDS_NS only."""
     config = copy.deepcopy(CONFIG)
     del config["policy"]["maxVolumesPerPod"]
-    path = tmp_path_factory.mktemp("unbounded") / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out = subprocess.run([str(BINARY), "policies", "--config", str(path), "--name", "evi-bounds"],
-                         capture_output=True, text=True, check=True)
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    for d in docs:
-        if d["kind"].endswith("Binding"):
-            d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [BOUNDS_NS]}]}}
-    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     cluster.namespace(BOUNDS_NS)
-    cluster.kubectl("apply", "-f", "-", input=items)
-    wait_for("the policies to take effect", lambda: cluster.create(
-        pod(namespace=BOUNDS_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server", check=False).returncode != 0,
-        timeout=30, interval=0.5)
-    yield
-    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
+    with applied_policies(cluster, config, "evi-bounds", [BOUNDS_NS], tmp_path_factory.mktemp("unbounded")):
+        wait_for("the policies to take effect", lambda: cluster.create(
+            pod(namespace=BOUNDS_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server", check=False).returncode != 0,
+            timeout=30, interval=0.5)
+        yield
 
 
 def most_annotations() -> dict:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
 
 import pytest
-import yaml
-from conftest import BINARY, nextflow_job, pod, release_fixture, wait_for
-from test_policies import CASES, CONFIG, assert_same, named
+from conftest import nextflow_job, pod, release_fixture, wait_for
+from test_policies import CASES, CONFIG, applied_policies, assert_same, both, named
 
 P = "ephemeral-volumes.io"
 WEBHOOK_NS = "audit-webhook"
@@ -29,25 +27,14 @@ AUDIT_CASES = [c for c in CASES if "more annotations than any pod may have" not 
 
 @pytest.fixture(scope="module")
 def policies(cluster, release, tmp_path_factory):
-    path = tmp_path_factory.mktemp("audit") / "config.yaml"
-    path.write_text(yaml.safe_dump(AUDIT))
-    out = subprocess.run([str(BINARY), "policies", "--config", str(path), "--name", "evi-audit"],
-                         capture_output=True, text=True, check=True)
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    assert not [d for d in docs if d["kind"].startswith("Mutating")]
-    for d in docs:
-        if d["kind"].endswith("Binding"):
-            d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [POLICIES_NS]}]}}
-    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     for ns in (WEBHOOK_NS, POLICIES_NS):
         cluster.namespace(ns)
-    cluster.kubectl("apply", "-f", "-", input=items)
-    wait_for("the policies to warn", lambda: "would refuse" in cluster.create(
-        pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server").stderr,
-        timeout=30, interval=0.5)
-    yield docs
-    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
+    with applied_policies(cluster, AUDIT, "evi-audit", [POLICIES_NS], tmp_path_factory.mktemp("audit")) as docs:
+        assert not [d for d in docs if d["kind"].startswith("Mutating")]
+        wait_for("the policies to warn", lambda: "would refuse" in cluster.create(
+            pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server").stderr,
+            timeout=30, interval=0.5)
+        yield docs
 
 
 def said(stderr: str) -> tuple[set[str], set[str]]:
@@ -64,12 +51,7 @@ def said(stderr: str) -> tuple[set[str], set[str]]:
 @pytest.mark.parametrize("label,annotations,spec", AUDIT_CASES, ids=[c[0] for c in AUDIT_CASES])
 def test_under_mode_audit_both_admit_unchanged_and_say_what_enforcing_would_do(cluster, release, policies, label,
                                                                              annotations, spec):
-    results = []
-    for ns in (WEBHOOK_NS, POLICIES_NS):
-        p = pod(namespace=ns, annotations=annotations, labels=spec.get("labels"))
-        p["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k not in ("field", "labels")})
-        results.append(cluster.create(p, "--dry-run=server", check=False))
-    webhook, policy = results
+    webhook, policy = both(cluster, annotations, spec, (WEBHOOK_NS, POLICIES_NS))
     assert webhook.returncode == 0, webhook.stderr
     assert policy.returncode == 0, policy.stderr
     assert_same(json.loads(webhook.stdout), json.loads(policy.stdout), label)

@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import BINARY, ROOT, installed, wait_for
-from test_policies import assert_same, named
+from conftest import ROOT, installed, wait_for
+from test_policies import applied_policies, assert_same, named
 
 GOLDEN = ROOT / "tests" / "golden"
 DEFAULT = ROOT / "tests" / "data" / "config.yaml"
@@ -44,7 +44,6 @@ def served(cluster, tmp_path_factory):
     """For each configuration: a webhook serving `golden-<i>-w` only, and its policies bound to
     `golden-<i>-p` only."""
     with contextlib.ExitStack() as stack:
-        applied = []
         for i, path in enumerate(CONFIGS):
             config = yaml.safe_load(open(path)) or {}
             for side in ("w", "p"):
@@ -54,15 +53,7 @@ def served(cluster, tmp_path_factory):
                 # a pod whose account does not exist).
                 cluster.kubectl("create", "serviceaccount", "nextflow", "-n", ns, check=False)
             tmp = tmp_path_factory.mktemp(f"golden-{i}")
-            out = subprocess.run([str(BINARY), "policies", "--config", path, "--name", f"evi-golden-{i}"],
-                                 capture_output=True, text=True, check=True)
-            docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-            for d in docs:
-                if d["kind"].endswith("Binding"):
-                    d["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"evi-golden": f"{i}-p"}}}
-            items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
-            cluster.kubectl("apply", "-f", "-", input=items)
-            applied.append(items)
+            stack.enter_context(applied_policies(cluster, config, f"evi-golden-{i}", [f"golden-{i}-p"], tmp))
             values = {"config": config, "webhook": {"namespaceSelector": {"matchLabels": {"evi-golden": f"{i}-w"}}}}
             stack.enter_context(installed(cluster, f"evi-golden-{i}", values, tmp))
         for i in range(len(CONFIGS)):
@@ -75,8 +66,6 @@ def served(cluster, tmp_path_factory):
                 wait_for(f"golden-{i}-{side} served", lambda at=at: (lambda r: r.returncode != 0 or "Warning" in r.stderr)(
                     cluster.create(at, "--dry-run=server", check=False)), timeout=30, interval=0.5)
         yield
-        for items in applied:
-            cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
 
 
 def generated_aside(stored: dict) -> dict:

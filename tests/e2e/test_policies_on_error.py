@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 
 import pytest
-import yaml
-from conftest import BINARY, nextflow_job, pod, release_fixture, wait_for
-from test_policies import CASES, CONFIG, assert_same, named
+from conftest import nextflow_job, pod, release_fixture, wait_for
+from test_policies import CASES, CONFIG, applied_policies, assert_same, both, named
 
 P = "ephemeral-volumes.io"
 WEBHOOK_NS = "warn-webhook"
@@ -30,38 +28,21 @@ WARN_CASES = [c for c in CASES if c[0].startswith("refused")] + [c for c in CASE
 
 @pytest.fixture(scope="module")
 def policies(cluster, release, tmp_path_factory):
-    path = tmp_path_factory.mktemp("warn") / "config.yaml"
-    path.write_text(yaml.safe_dump(WARN))
-    out = subprocess.run([str(BINARY), "policies", "--config", str(path), "--name", "evi-warn"],
-                         capture_output=True, text=True, check=True)
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    for d in docs:
-        if d["kind"].endswith("Binding"):
-            d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [POLICIES_NS]}]}}
-    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     for ns in (WEBHOOK_NS, POLICIES_NS):
         cluster.namespace(ns)
-    cluster.kubectl("apply", "-f", "-", input=items)
-    def warned_and_annotated():
-        r = cluster.create(pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server")
-        return "volumes not injected" in r.stderr and ERROR in json.loads(r.stdout)["metadata"]["annotations"]
-    # The API server takes up the mutating and the validating policy each in its own time.
-    wait_for("the policies to take effect", warned_and_annotated, timeout=30, interval=0.5)
-    yield docs
-    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
-
-
-def created(cluster, ns: str, annotations: dict, spec: dict) -> subprocess.CompletedProcess:
-    p = pod(namespace=ns, annotations=annotations, labels=spec.get("labels"))
-    p["spec"].update({k: v for k, v in copy.deepcopy(spec).items() if k not in ("field", "labels")})
-    return cluster.create(p, "--dry-run=server", check=False)
+    with applied_policies(cluster, WARN, "evi-warn", [POLICIES_NS], tmp_path_factory.mktemp("warn")) as docs:
+        def warned_and_annotated():
+            r = cluster.create(pod(namespace=POLICIES_NS, annotations={f"{P}/probe": "nope"}), "--dry-run=server")
+            return "volumes not injected" in r.stderr and ERROR in json.loads(r.stdout)["metadata"]["annotations"]
+        # The API server takes up the mutating and the validating policy each in its own time.
+        wait_for("the policies to take effect", warned_and_annotated, timeout=30, interval=0.5)
+        yield docs
 
 
 @pytest.mark.parametrize("label,annotations,spec", WARN_CASES, ids=[c[0] for c in WARN_CASES])
 def test_under_on_error_warn_the_policies_admit_what_the_webhook_admits_and_say_the_same(cluster, release, policies,
                                                                                       label, annotations, spec):
-    webhook, policy = (created(cluster, ns, annotations, spec) for ns in (WEBHOOK_NS, POLICIES_NS))
+    webhook, policy = both(cluster, annotations, spec, (WEBHOOK_NS, POLICIES_NS))
     assert webhook.returncode == 0, webhook.stderr
     assert policy.returncode == 0, policy.stderr
     stored = [json.loads(r.stdout) for r in (webhook, policy)]

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 
 import pytest
-import yaml
-from conftest import BINARY, installed, pod, wait_for
-from test_policies import assert_same, named
+from conftest import installed, pod, wait_for
+from test_policies import applied_policies, assert_same, named
 
 P = "ephemeral-volumes.io"
 KINDS = {"a": {"team": "a"}, "none": {}, "special": {"team": "b"}, "b": {"team": "b"}, "bgpu": {"team": "b", "gpu": "1"}}
@@ -59,19 +57,9 @@ def both_served(cluster, tmp_path_factory):
             cluster.namespace(f"{side}-{kind}", labels)
     policies_ns = [f"ovp-{kind}" for kind in KINDS] + ["ovp-move"]
     tmp = tmp_path_factory.mktemp("overrides")
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(CONFIG))
-    out = subprocess.run([str(BINARY), "policies", "--config", str(path), "--name", "evi-ov"],
-                         capture_output=True, text=True, check=True)
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    for d in docs:
-        if d["kind"].endswith("Binding"):
-            d["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": policies_ns}]}}
-    items = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
-    cluster.kubectl("apply", "-f", "-", input=items)
     values = {"config": CONFIG, "webhook": {"excludeNamespaces": policies_ns}}
-    with installed(cluster, "evi-ov", values, tmp, service_account=True):
+    with applied_policies(cluster, CONFIG, "evi-ov", policies_ns, tmp), \
+            installed(cluster, "evi-ov", values, tmp, service_account=True):
         big = pod(annotations={f"{P}/v": "type=emptyDir,size=40Gi,mountPath=/s"})
         for side in ("ovw", "ovp"):
             wait_for(f"{side}-special served", lambda side=side: cluster.create(
@@ -85,7 +73,6 @@ def both_served(cluster, tmp_path_factory):
             {**big, "metadata": {**big["metadata"], "namespace": "ovp-none"}}, "--dry-run=server", check=False).stderr,
             timeout=30, interval=0.5)
         yield
-    cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=items)
 
 
 def origins(message: str) -> set[str]:
