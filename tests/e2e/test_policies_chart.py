@@ -1,8 +1,9 @@
 """The chart's policies modes against the real API server (1.37): the hook Jobs' commands, as the
 chart renders them, run with the hook's own ServiceAccount and RBAC (rendered by the chart and
 created here), apply the compiled policies (`policies.mode=policies`), switch them to audit
-(`both`: no mutating policy, refusals as warnings) and delete them before uninstall. The Jobs
-themselves need a node to run; their command line and permissions do not."""
+(`both`: no mutating policy, refusals as warnings) and delete them before uninstall. Here the
+Jobs' command lines and permissions are judged without a node; the Jobs themselves run on one in
+test_node.py (`test_the_policies_mode_installs_and_removes_the_policies_through_its_hook_jobs_on_the_node`)."""
 
 from __future__ import annotations
 
