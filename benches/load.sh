@@ -5,7 +5,7 @@
 # tests/data/review.json (a Nextflow pod that asks for two volumes). The webhook runs as the
 # chart runs it: JSON logs at info, one decision line per request.
 #
-#   bash benches/load.sh            # ROUNDS=5 DURATION=10 CONNS=25 RATE=1000
+#   bash benches/load.sh            # ROUNDS=6 DURATION=10 CONNS=25 RATE=1000
 #   bash benches/load.sh --guard    # CI's short form: wrk only, ROUNDS=4 DURATION=3
 #   BEFORE=path/to/older/binary bash benches/load.sh   # a third server alternated: before/after
 #   BASE2=path/to/other/baseline bash benches/load.sh  # a second bare server alternated (e.g. one
@@ -25,7 +25,7 @@ GUARD=false
 if $GUARD; then
   ROUNDS="${ROUNDS:-4}"; DURATION="${DURATION:-3}"
 fi
-ROUNDS="${ROUNDS:-5}"; DURATION="${DURATION:-10}"; CONNS="${CONNS:-25}"; RATE="${RATE:-1000}"
+ROUNDS="${ROUNDS:-6}"; DURATION="${DURATION:-10}"; CONNS="${CONNS:-25}"; RATE="${RATE:-1000}"
 # hey 0.1.4 (Debian) sends the port inside SNI ("localhost:8443"), which rustls rightly refuses;
 # on 443 there is no port in the URL. Both servers take turns on it (run as root). The guard
 # runs no hey: any free port will do.
@@ -67,8 +67,15 @@ start_server() { # name -> sets PID, URL, STARTUP_MS
 }
 
 results="$work/results.jsonl"
+# Each round starts one server further along the list, so that over the rounds every server
+# takes every place in the order: a server run right after another pays some of what that one
+# left behind (sockets in TIME_WAIT, cold caches), and with a fixed order the same binary read
+# 3 % dearer in the webhook's place than in the before's (an A/A run, BEFORE=a copy of BIN).
+# With ROUNDS a multiple of the number of servers every place is taken equally often.
+servers=(baseline webhook ${BEFORE:+before} ${BASE2:+base2})
 for round in $(seq 1 "$ROUNDS"); do
-  for name in baseline webhook ${BEFORE:+before} ${BASE2:+base2}; do
+  for i in "${!servers[@]}"; do
+    name="${servers[$(( (i + round - 1) % ${#servers[@]} ))]}"
     start_server "$name"
     sleep 1
     idle=$(rss_kib "$PID" VmRSS)
