@@ -276,84 +276,65 @@ async fn job_check(client: &Client, args: &CheckInstallArgs) -> Result<String, F
 
 /// Runs the checks until both pass or the time is up; prints what it found.
 pub fn run(args: &CheckInstallArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("check-install: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    runtime.block_on(async {
-        let Some(source) = crate::server::cluster_source(args.kubeconfig.as_deref()) else {
-            eprintln!(
-                "check-install: no cluster to check: no --kubeconfig, no KUBECONFIG, no ~/.kube/config, and not running in a pod"
-            );
-            return ExitCode::from(2);
-        };
-        let client = match crate::server::client_for(&source).await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("check-install: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        println!("check-install: the cluster of {source}");
-        let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let pod = pod_check(&client, args).await;
-            let job = match (&pod, args.skip_workloads) {
-                (Ok(_), false) => Some(job_check(&client, args).await),
-                _ => None,
-            };
-            let failure = match (&pod, &job) {
-                (Err(f), _) => Some(("pod webhook", f.clone())),
-                (Ok(_), Some(Err(f))) => Some(("workload webhook", f.clone())),
-                _ => None,
-            };
-            match failure {
-                None => {
-                    if let Ok(p) = &pod {
-                        println!("check-install: pod webhook: ok: {p}");
+    crate::server::with_cluster(
+        "check-install",
+        "no cluster to check",
+        args.kubeconfig.as_deref(),
+        |client| async move {
+            let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+            let mut attempts = 0u32;
+            loop {
+                attempts += 1;
+                let pod = pod_check(&client, args).await;
+                let job = match (&pod, args.skip_workloads) {
+                    (Ok(_), false) => Some(job_check(&client, args).await),
+                    _ => None,
+                };
+                let failure = match (&pod, &job) {
+                    (Err(f), _) => Some(("pod webhook", f.clone())),
+                    (Ok(_), Some(Err(f))) => Some(("workload webhook", f.clone())),
+                    _ => None,
+                };
+                match failure {
+                    None => {
+                        if let Ok(p) = &pod {
+                            println!("check-install: pod webhook: ok: {p}");
+                        }
+                        match &job {
+                            Some(Ok(j)) => println!("check-install: workload webhook: ok: {j}"),
+                            _ => println!(
+                                "check-install: workload webhook: not checked (--skip-workloads)"
+                            ),
+                        }
+                        println!(
+                            "check-install: the webhook is wired (namespace {}, {attempts} attempt(s))",
+                            args.namespace
+                        );
+                        return ExitCode::SUCCESS;
                     }
-                    match &job {
-                        Some(Ok(j)) => println!("check-install: workload webhook: ok: {j}"),
-                        _ => println!(
-                            "check-install: workload webhook: not checked (--skip-workloads)"
-                        ),
+                    Some((which, f)) if Instant::now() >= deadline => {
+                        eprintln!("check-install: FAILED: {which}: {}", f.cause);
+                        if !f.detail.is_empty() {
+                            let whose = match f.cause {
+                                Cause::ApiServerUnreachable => "the client's error",
+                                _ => "the API server said",
+                            };
+                            eprintln!("check-install: {whose}: {}", f.detail);
+                        }
+                        eprintln!(
+                            "check-install: {attempts} attempt(s) over {} s in namespace {}",
+                            args.timeout_seconds, args.namespace
+                        );
+                        return ExitCode::from(1);
                     }
-                    println!(
-                        "check-install: the webhook is wired (namespace {}, {attempts} attempt(s))",
-                        args.namespace
-                    );
-                    return ExitCode::SUCCESS;
-                }
-                Some((which, f)) if Instant::now() >= deadline => {
-                    eprintln!("check-install: FAILED: {which}: {}", f.cause);
-                    if !f.detail.is_empty() {
-                        let whose = match f.cause {
-                            Cause::ApiServerUnreachable => "the client's error",
-                            _ => "the API server said",
-                        };
-                        eprintln!("check-install: {whose}: {}", f.detail);
+                    Some((which, f)) => {
+                        eprintln!("check-install: {which}: not yet ({}); retrying", f.cause);
+                        tokio::time::sleep(Duration::from_secs(2)).await;
                     }
-                    eprintln!(
-                        "check-install: {attempts} attempt(s) over {} s in namespace {}",
-                        args.timeout_seconds, args.namespace
-                    );
-                    return ExitCode::from(1);
-                }
-                Some((which, f)) => {
-                    eprintln!("check-install: {which}: not yet ({}); retrying", f.cause);
-                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]

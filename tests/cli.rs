@@ -373,6 +373,61 @@ fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() 
     );
 }
 
+/// `policies --apply` and `--delete` find their cluster as `check-install` does: exit 2 without
+/// one or with a kubeconfig that cannot be read, exit 1 when the API server does not answer,
+/// after naming the cluster they tried.
+#[test]
+fn policies_apply_and_delete_find_their_cluster_as_check_install_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = |extra: &[&str], kubeconfig: Option<&Path>| {
+        let mut cmd = bin();
+        cmd.arg("policies")
+            .args(extra)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("HOME", dir.path());
+        match kubeconfig {
+            Some(p) => cmd.env("KUBECONFIG", p),
+            None => cmd.env_remove("KUBECONFIG"),
+        };
+        let out = cmd.output().unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    for action in ["--apply", "--delete"] {
+        let (code, _, err) = policies(&[action], None);
+        assert_eq!(code, Some(2), "{action}: {err}");
+        assert!(
+            err.contains("policies: no cluster: no --kubeconfig, no KUBECONFIG, no ~/.kube/config, and not running in a pod"),
+            "{action}: {err}"
+        );
+        let (code, _, err) = policies(&[action, "--kubeconfig", "/nonexistent/kubeconfig"], None);
+        assert_eq!(code, Some(2), "{action}: {err}");
+        assert!(
+            err.contains("policies: kubeconfig /nonexistent/kubeconfig:"),
+            "{action}: {err}"
+        );
+    }
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+         clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
+         users: [{name: u, user: {token: t}}]\n\
+         contexts: [{name: c, context: {cluster: k, user: u}}]\n",
+    )
+    .unwrap();
+    let (code, out, err) = policies(&["--apply"], Some(&kubeconfig));
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "policies: the cluster of KUBECONFIG={}",
+            kubeconfig.display()
+        )),
+        "{out}"
+    );
+    assert!(err.contains("policies: FAILED: "), "{err}");
+}
+
 /// As kubectl: `$KUBECONFIG`, else `~/.kube/config`; an API server that does not answer is one
 /// cause, said once.
 #[test]

@@ -75,39 +75,20 @@ fn in_cluster<F>(args: &PoliciesArgs, work: impl FnOnce(Client) -> F) -> ExitCod
 where
     F: Future<Output = Result<(), String>>,
 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("policies: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    runtime.block_on(async {
-        let Some(source) = crate::server::cluster_source(args.kubeconfig.as_deref()) else {
-            eprintln!(
-                "policies: no cluster: no --kubeconfig, no KUBECONFIG, no ~/.kube/config, and not running in a pod"
-            );
-            return ExitCode::from(2);
-        };
-        let client = match crate::server::client_for(&source).await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("policies: {e}");
-                return ExitCode::from(2);
+    crate::server::with_cluster(
+        "policies",
+        "no cluster",
+        args.kubeconfig.as_deref(),
+        |client| async move {
+            match work(client).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("policies: FAILED: {e}");
+                    ExitCode::from(1)
+                }
             }
-        };
-        println!("policies: the cluster of {source}");
-        match work(client).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("policies: FAILED: {e}");
-                ExitCode::from(1)
-            }
-        }
-    })
+        },
+    )
 }
 
 /// The API of one kind of admission policy object (all cluster-scoped).

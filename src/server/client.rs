@@ -1,7 +1,7 @@
 //! The API client: from `--kubeconfig` or the pod's service account for `serve`, and found as
-//! kubectl finds its cluster for the client tools (`check-install`).
+//! kubectl finds its cluster for the client tools (`check-install`, `policies --apply`).
 
-use std::path::Path;
+use std::{path::Path, process::ExitCode};
 
 use kube::Client;
 
@@ -103,6 +103,49 @@ fn source_in_order(
     } else {
         in_cluster.then_some(ClusterSource::InCluster)
     }
+}
+
+/// What a client tool (`check-install`, `policies --apply`) does first: a one-thread runtime,
+/// the cluster kubectl would use (`kubeconfig` first), its client, and `<tool>: the cluster of
+/// <source>` printed; then `work` with the client, whose exit code is the tool's. Exit 2 with
+/// `<tool>: …` on stderr when there is no runtime, no cluster (`<tool>: <no_cluster>: no
+/// --kubeconfig, …`) or no usable client.
+pub fn with_cluster<F>(
+    tool: &str,
+    no_cluster: &str,
+    kubeconfig: Option<&Path>,
+    work: impl FnOnce(Client) -> F,
+) -> ExitCode
+where
+    F: Future<Output = ExitCode>,
+{
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{tool}: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(async {
+        let Some(source) = cluster_source(kubeconfig) else {
+            eprintln!(
+                "{tool}: {no_cluster}: no --kubeconfig, no KUBECONFIG, no ~/.kube/config, and not running in a pod"
+            );
+            return ExitCode::from(2);
+        };
+        let client = match client_for(&source).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{tool}: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        println!("{tool}: the cluster of {source}");
+        work(client).await
+    })
 }
 
 /// A client for a [`ClusterSource`].

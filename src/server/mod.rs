@@ -39,6 +39,7 @@ mod watch;
 
 pub use client::{
     ClusterAccessError, ClusterSource, client as api_client, client_for, cluster_source,
+    with_cluster,
 };
 mod webhook;
 
