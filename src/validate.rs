@@ -407,8 +407,17 @@ pub fn mount_path(p: &str) -> Result<(), Invalid> {
 }
 
 /// One spelling per path: `//` and `/./` collapsed, no trailing `/` (`/scratch//a/./` is
-/// `/scratch/a`). Mount paths are written and compared in this form.
-pub fn normalize_path(p: &str) -> String {
+/// `/scratch/a`). Mount paths are written and compared in this form; a path already in it (as
+/// nearly all are) is returned as it is.
+pub fn normalize_path(p: &str) -> Cow<'_, str> {
+    let normal = match p.strip_prefix('/') {
+        Some("") => true,
+        Some(rest) => split_byte(rest, b'/').all(|part| !part.is_empty() && part != "."),
+        None => false,
+    };
+    if normal {
+        return Cow::Borrowed(p);
+    }
     let mut out = String::with_capacity(p.len());
     for part in path_parts(p) {
         out.push('/');
@@ -417,7 +426,7 @@ pub fn normalize_path(p: &str) -> String {
     if out.is_empty() {
         out.push('/');
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Whether two paths are one in [`normalize_path`]'s spelling (compared part by part, without
@@ -682,6 +691,31 @@ mod tests {
         assert!(sub_path("x/../y").is_err());
         assert!(sub_path("..").is_err());
         assert!(sub_path("a..").is_ok());
+    }
+
+    #[test]
+    fn a_path_already_in_its_one_spelling_is_returned_as_it_is() {
+        for (path, spelling) in [
+            ("/", "/"),
+            ("/scratch", "/scratch"),
+            ("/scratch/a", "/scratch/a"),
+            ("/a/.b/..", "/a/.b/.."),
+            ("/scratch/", "/scratch"),
+            ("/scratch//a/./", "/scratch/a"),
+            ("//", "/"),
+            ("/.", "/"),
+            ("/./a", "/a"),
+            ("scratch", "/scratch"),
+            ("", "/"),
+        ] {
+            let got = normalize_path(path);
+            assert_eq!(got, spelling, "{path:?}");
+            assert_eq!(
+                matches!(got, Cow::Borrowed(_)),
+                path == spelling,
+                "{path:?}"
+            );
+        }
     }
 
     #[test]

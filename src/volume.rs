@@ -6,12 +6,13 @@
 use std::{borrow::Cow, collections::BTreeMap, fmt, str::FromStr, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{
-        CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource, PersistentVolumeClaimSpec,
-        PersistentVolumeClaimTemplate, VolumeResourceRequirements,
-    },
+    api::core::v1::{CSIVolumeSource, EmptyDirVolumeSource, EphemeralVolumeSource},
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
+
+mod claim;
+
+pub use claim::Claim;
 
 use crate::{
     echo::quoted,
@@ -94,44 +95,6 @@ pub enum Source {
     Ephemeral(Box<EphemeralVolumeSource>),
     /// A generic ephemeral volume as the `type=ephemeral` shorthand describes it.
     Claim(Claim),
-}
-
-/// A generic ephemeral volume as the `type=ephemeral` shorthand describes it: a PVC template
-/// with one access mode, a storage class (the cluster's default when `None`) and a `storage`
-/// request (`None` until `size=request` sets it). Its three fields, not k8s-openapi's template
-/// (seven allocations to build and drop for every such volume of every pod); written to the
-/// patch as that template serialises ([`Claim::template`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
-    /// `storageClassName`.
-    pub storage_class: Option<String>,
-    /// The one entry of `accessModes` (a known mode is not copied).
-    pub access_mode: Cow<'static, str>,
-    /// `resources.requests.storage`.
-    pub size: Option<String>,
-}
-
-impl Claim {
-    /// The same volume as k8s-openapi's object.
-    pub fn template(&self) -> EphemeralVolumeSource {
-        EphemeralVolumeSource {
-            volume_claim_template: Some(PersistentVolumeClaimTemplate {
-                metadata: None,
-                spec: PersistentVolumeClaimSpec {
-                    access_modes: Some(vec![self.access_mode.clone().into_owned()]),
-                    storage_class_name: self.storage_class.clone(),
-                    resources: self.size.as_ref().map(|size| VolumeResourceRequirements {
-                        requests: Some(BTreeMap::from([(
-                            "storage".to_owned(),
-                            K8sQuantity(size.clone()),
-                        )])),
-                        limits: None,
-                    }),
-                    ..Default::default()
-                },
-            }),
-        }
-    }
 }
 
 impl Source {
@@ -273,7 +236,7 @@ impl Source {
             Source::EmptyDir(e) => serde_json::to_vec(e),
             Source::Csi(c) => serde_json::to_vec(c),
             Source::Ephemeral(e) => serde_json::to_vec(e),
-            Source::Claim(c) => serde_json::to_vec(&c.template()),
+            Source::Claim(c) => serde_json::to_vec(&c.json()),
         }
         .and_then(Json::written)
     }

@@ -248,7 +248,7 @@ fn add_volume<'a>(
 /// name, the pod's own and those added so far: what each new mount and variable is checked
 /// against, in one look-up each.
 struct Taken<'c> {
-    paths: HashMap<String, &'c str>,
+    paths: HashMap<Cow<'c, str>, &'c str>,
     variables: HashMap<&'c str, Variable<'c>>,
 }
 
