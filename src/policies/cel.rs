@@ -7,6 +7,9 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+/// Every container of a list, as a target list: `;` is in no name (the lists are split at it).
+pub const ALL: &str = "[';']";
+
 /// The fields of a volume source, at any depth, whose value is a map of strings in the pod's
 /// schema (every other object is a typed object, named by its path).
 const MAPS: [&str; 6] = [

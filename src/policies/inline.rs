@@ -14,7 +14,7 @@ use crate::{
 };
 
 use super::{
-    cel::{list, quote},
+    cel::{ALL, list, quote},
     requests,
 };
 
@@ -68,9 +68,6 @@ fn get(f: &str) -> String {
 fn has(f: &str) -> String {
     format!("({} in {KV})", quote(f))
 }
-
-/// Every container of a list, as a target list: `;` is in no name (the lists are split at it).
-pub const ALL: &str = "[';']";
 
 /// The names field `f` lists (`a;b`, spaces and empty names aside), as the webhook reads them.
 fn names(f: &str) -> String {

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::{
     MAX_ANNOTATIONS,
-    cel::{list, quote},
+    cel::{self, list, quote},
     inline::{self, Form},
     pointer_token,
     rules::Rules,
@@ -239,13 +239,13 @@ impl<'c> Cel<'c> {
     }
 
     /// The containers and init containers each request's mount goes to (`targets`, with
-    /// [`inline::ALL`] for every one; `aimed`, by name), and the refusal of a request that names
+    /// [`cel::ALL`] for every one; `aimed`, by name), and the refusal of a request that names
     /// one the pod does not have, as the webhook says it (`unaimed`).
     fn targets(&self) -> Vec<Value> {
         let containers = |p: &Profile, fields: bool| {
             let own = match &p.mount.containers {
                 Some(names) => list(names.iter().map(String::as_str)),
-                None => inline::ALL.to_owned(),
+                None => cel::ALL.to_owned(),
             };
             if fields {
                 Form::containers_or(&own)
@@ -255,7 +255,7 @@ impl<'c> Cel<'c> {
         };
         let inits = |targets: Option<&InitTargets>| match targets {
             None | Some(InitTargets::None) => "[]".to_owned(),
-            Some(InitTargets::All) => inline::ALL.to_owned(),
+            Some(InitTargets::All) => cel::ALL.to_owned(),
             Some(InitTargets::Named(names)) => list(names.iter().map(String::as_str)),
         };
         let init_containers = |p: &Profile, fields: bool| {
@@ -266,7 +266,7 @@ impl<'c> Cel<'c> {
                 own
             }
         };
-        let all = inline::ALL;
+        let all = cel::ALL;
         let missing = |what: &str, list: &str, present: &str| {
             format!(
                 "(variables.{list}[k].filter(x, x != ';' && !(x in variables.{present})).size() == 0 ? [] : \

@@ -5,10 +5,7 @@
 //! largest (the first of equal ones) as the container spells it: what Nextflow's `disk`
 //! directive sets, read as the size.
 
-use super::{
-    cel::{list, quote},
-    inline::ALL,
-};
+use super::cel::{ALL, list, quote};
 use crate::volume::{InitTargets, Profile, VolumeKind};
 
 /// The variables, after `parsed` (each annotation's pairs) and before `kv` (which reads
