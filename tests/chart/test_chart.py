@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import kubernetes_validate
@@ -37,12 +38,12 @@ NEXTFLOW_VALUES = yaml.safe_load((ROOT / "tests" / "data" / "nextflow-values.yam
 
 def render(*args, values=None, kube_version="1.33.0", ns="evi-system", check=True):
     cmd = [HELM, "template", "evi", str(CHART), "-n", ns, "--kube-version", kube_version, *args]
-    if values is not None:
-        path = ROOT / "target" / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(yaml.safe_dump(values))
-        cmd += ["-f", str(path)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="values-") as file:
+        if values is not None:
+            file.write(yaml.safe_dump(values))
+            file.flush()
+            cmd += ["-f", file.name]
+        p = subprocess.run(cmd, capture_output=True, text=True)
     if check:
         assert p.returncode == 0, p.stderr
         return [d for d in yaml.safe_load_all(p.stdout) if d]
