@@ -645,9 +645,7 @@ impl<'a> WrittenFields<'a> {
         for e in self.env.iter().flatten() {
             problems.check(validate::env_name(e));
         }
-        out.mount_path = self
-            .mount_path
-            .map(|p| validate::normalize_path(p).into_owned());
+        out.mount_path = self.mount_path.map(|p| validate::normalize_path(p).into());
         out.read_only = self.read_only;
         out.sub_path = self.sub_path.map(str::to_owned);
         out.containers = self.containers.take();
