@@ -373,6 +373,13 @@ fn check_install_without_a_cluster_or_with_a_bad_kubeconfig_exits_2_saying_so() 
     );
 }
 
+/// A kubeconfig whose API server is port 1 on loopback: nothing listens, the connection is
+/// refused at once.
+const UNREACHABLE_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+    clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
+    users: [{name: u, user: {token: t}}]\n\
+    contexts: [{name: c, context: {cluster: k, user: u}}]\n";
+
 /// `policies --apply` and `--delete` find their cluster as `check-install` does: exit 2 without
 /// one or with a kubeconfig that cannot be read, exit 1 when the API server does not answer,
 /// after naming the cluster they tried.
@@ -406,16 +413,8 @@ fn policies_apply_and_delete_find_their_cluster_as_check_install_does() {
             "{action}: {err}"
         );
     }
-    // Port 1 on loopback: nothing listens, the connection is refused at once.
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
-         clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
-         users: [{name: u, user: {token: t}}]\n\
-         contexts: [{name: c, context: {cluster: k, user: u}}]\n",
-    )
-    .unwrap();
+    std::fs::write(&kubeconfig, UNREACHABLE_KUBECONFIG).unwrap();
     let (code, out, err) = policies(&["--apply"], Some(&kubeconfig));
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
@@ -433,11 +432,7 @@ fn policies_apply_and_delete_find_their_cluster_as_check_install_does() {
 #[test]
 fn check_install_finds_its_cluster_as_kubectl_does_and_names_one_cause() {
     let dir = tempfile::tempdir().unwrap();
-    // Port 1 on loopback: nothing listens, the connection is refused at once.
-    let kubeconfig = "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
-        clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
-        users: [{name: u, user: {token: t}}]\n\
-        contexts: [{name: c, context: {cluster: k, user: u}}]\n";
+    let kubeconfig = UNREACHABLE_KUBECONFIG;
     let env_file = dir.path().join("env-kubeconfig");
     std::fs::write(&env_file, kubeconfig).unwrap();
     std::fs::create_dir_all(dir.path().join("home/.kube")).unwrap();
