@@ -68,9 +68,9 @@ start_server() { # name -> sets PID, URL, STARTUP_MS
 
 results="$work/results.jsonl"
 # Each round starts one server further along the list, so that over the rounds every server
-# takes every place in the order: a server run right after another pays some of what that one
-# left behind (sockets in TIME_WAIT, cold caches), and with a fixed order the same binary read
-# 3 % dearer in the webhook's place than in the before's (an A/A run, BEFORE=a copy of BIN).
+# takes every place in the order: with a fixed order the same binary read 3 % dearer in the
+# webhook's place (right after the bare server) than in the before's (an A/A run, BEFORE=a copy
+# of BIN; why the place matters was not found).
 # With ROUNDS a multiple of the number of servers every place is taken equally often.
 servers=(baseline webhook ${BEFORE:+before} ${BASE2:+base2})
 for round in $(seq 1 "$ROUNDS"); do
