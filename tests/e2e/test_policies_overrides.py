@@ -69,9 +69,23 @@ def both_served(cluster, tmp_path_factory):
         wait_for("team-a's limits in ovw-a", lambda: cluster.create(pod(namespace="ovw-a", annotations={
             f"{P}/v": "type=emptyDir,size=4Gi,mountPath=/s"}), "--dry-run=server", check=False).returncode == 0,
             timeout=30, interval=0.5)
-        wait_for("the policies to refuse in ovp-none", lambda: "ValidatingAdmissionPolicy" in cluster.create(
-            {**big, "metadata": {**big["metadata"], "namespace": "ovp-none"}}, "--dry-run=server", check=False).stderr,
-            timeout=30, interval=0.5)
+        # The API server compiles each policy in its own time: with these four overrides every
+        # expression that reads a limit is there five times; on two cores `kubectl apply` takes
+        # ~20 s (the expressions are checked) and the policies are in force ~30 s after it,
+        # twice that with a build beside it. Both must be: the validating one refuses, the
+        # mutating one injects.
+        shm = pod(namespace="ovp-none", annotations={f"{P}/v": "shm"})
+
+        def in_force():
+            out = cluster.create({**big, "metadata": {**big["metadata"], "namespace": "ovp-none"}},
+                                 "--dry-run=server", check=False)
+            if "ValidatingAdmissionPolicy" not in out.stderr:
+                raise AssertionError(f"the big pod: exit {out.returncode}: {out.stderr.strip() or out.stdout[:300]}")
+            volumes = json.loads(cluster.create(shm, "--dry-run=server").stdout)["spec"].get("volumes", [])
+            if "v" not in {v["name"] for v in volumes}:
+                raise AssertionError(f"the shm pod's volumes: {volumes}")
+            return True
+        wait_for("the policies in force in ovp-none", in_force, timeout=300, interval=1)
         yield
 
 
