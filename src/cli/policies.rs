@@ -33,7 +33,7 @@ pub fn run(args: &PoliciesArgs) -> ExitCode {
         Ok(c) if args.audit => c.audit(),
         Ok(c) => c,
         Err(refused) => {
-            eprintln!("error: the admission policies would serve this configuration otherwise:");
+            eprintln!("error: the admission policies cannot serve this configuration:");
             for r in refused {
                 eprintln!("  - {r}");
             }

@@ -236,8 +236,13 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
             (chosen, documents(cfg, &at, name, exclude, &refused))
         })
         .collect();
+    let documents = overrides::merge(cfg, variants);
+    let too_long = too_long(cfg, &documents);
+    if !too_long.is_empty() {
+        return Err(too_long);
+    }
     let compiled = Policies {
-        documents: overrides::merge(cfg, variants),
+        documents,
         notes: notes(cfg),
     };
     Ok(match cfg.mode {
@@ -249,6 +254,82 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
              warned, not refused",
         ),
     })
+}
+
+/// The longest CEL expression the API server compiles, in code points: past it, it refuses the
+/// whole object ("expression code point size exceeds limit").
+pub const MAX_EXPRESSION: usize = 100_000;
+
+/// Each expression of `documents` the API server would refuse as too long, named by object and
+/// path, with what made it long: the overrides (each expression that reads a limit is there
+/// once per policy) or, without them, the profiles.
+fn too_long(cfg: &Config, documents: &[Value]) -> Vec<Unsupported> {
+    fn walk(v: &Value, path: &str, out: &mut Vec<(String, usize)>) {
+        match v {
+            Value::Object(fields) => {
+                for (k, v) in fields {
+                    let at = format!("{path}.{k}");
+                    match v {
+                        Value::String(e) if k.ends_with("xpression") => {
+                            let size = e.chars().count();
+                            if size > MAX_EXPRESSION {
+                                out.push((at, size));
+                            }
+                        }
+                        _ => walk(v, &at, out),
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    let named = v.get("name").and_then(Value::as_str);
+                    let at = named
+                        .map_or_else(|| format!("{path}[{i}]"), |n| format!("{path}[{i}] ({n})"));
+                    walk(v, &at, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let (key, grown) = if cfg.overrides.is_empty() {
+        (
+            "profiles",
+            format!(
+                "each profile has its checks in it ({}): fewer profiles, or the webhook",
+                cfg.profiles.len()
+            ),
+        )
+    } else {
+        (
+            "policyOverrides",
+            format!(
+                "each expression that reads a limit is there once per override and once for \
+                 `policy` ({} times): fewer overrides, or the webhook for the namespaces that need them",
+                cfg.overrides.len() + 1
+            ),
+        )
+    };
+    let mut out = Vec::new();
+    for d in documents {
+        let mut long = Vec::new();
+        walk(&d["spec"], "spec", &mut long);
+        for (at, size) in long {
+            out.push(Unsupported {
+                key: key.to_owned(),
+                why: format!(
+                    "{} {} {at}: a CEL expression of {size} characters, past the {MAX_EXPRESSION} \
+                     the API server compiles (it would refuse the object); {grown}",
+                    text_of(&d["kind"]),
+                    text_of(&d["metadata"]["name"]),
+                ),
+            });
+        }
+    }
+    out
+}
+
+fn text_of(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
 }
 
 /// The objects for one policy, bound in every namespace but `exclude`.

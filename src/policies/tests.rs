@@ -530,3 +530,55 @@ fn size_request_reads_the_largest_request_of_the_targeted_containers_as_spelt() 
         "{m}"
     );
 }
+
+#[test]
+fn policies_past_the_api_servers_expression_limit_are_refused_naming_the_overrides() {
+    let with = |n: usize| {
+        let mut text = String::from("policy: {maxSize: {emptyDir: 1Gi}}\npolicyOverrides:\n");
+        for i in 0..n {
+            text.push_str(&format!(
+                "  - {{name: t{i}, namespaceSelector: {{matchLabels: {{team: t{i}}}}}, \
+                 policy: {{maxSize: {{emptyDir: {}Gi}}, types: [emptyDir]}}}}\n",
+                i + 2
+            ));
+        }
+        compile(&Config::parse(&text).unwrap(), "evi", &[])
+    };
+    let longest = |p: &Policies| {
+        fn walk(v: &Value, key: &str) -> usize {
+            match v {
+                Value::String(e) if key.ends_with("xpression") => e.chars().count(),
+                Value::Object(m) => m.iter().map(|(k, v)| walk(v, k)).max().unwrap_or(0),
+                Value::Array(a) => a.iter().map(|v| walk(v, key)).max().unwrap_or(0),
+                _ => 0,
+            }
+        }
+        p.documents.iter().map(|d| walk(d, "")).max().unwrap_or(0)
+    };
+    // Each override makes the longest expression longer; as many as fit are compiled.
+    let fits = (1..40).take_while(|n| with(*n).is_ok()).last().unwrap();
+    assert!(fits >= 4, "only {fits} overrides fit");
+    let last = with(fits).unwrap();
+    assert!(longest(&last) <= MAX_EXPRESSION);
+    assert!(longest(&last) > longest(&with(fits - 1).unwrap()));
+    // One more is refused before the API server would refuse it: each object and expression
+    // named, with its length and what made it long.
+    let refused = with(fits + 1).unwrap_err();
+    assert!(
+        refused.iter().all(|u| u.key == "policyOverrides"),
+        "{refused:?}"
+    );
+    let said: Vec<String> = refused.iter().map(ToString::to_string).collect();
+    for kind in [
+        "MutatingAdmissionPolicy evi ",
+        "ValidatingAdmissionPolicy evi ",
+    ] {
+        assert!(
+            said.iter().any(|s| s.contains(kind)
+                && s.contains("(problems).expression: a CEL expression of ")
+                && s.contains(&format!("past the {MAX_EXPRESSION}"))
+                && s.contains(&format!("({} times)", fits + 2))),
+            "{kind}: {said:#?}"
+        );
+    }
+}

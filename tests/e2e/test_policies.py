@@ -677,3 +677,44 @@ def test_the_webhook_is_sent_a_pod_with_more_annotations_than_the_api_server_ite
     assert stored["metadata"]["annotations"][f"injector.{P}/injected"] == "tmp"
     quiet = json.loads(cluster.create(pod(namespace=WEBHOOK_NS, annotations=many), "--dry-run=server").stdout)
     assert f"injector.{P}/injected" not in quiet["metadata"]["annotations"]
+
+
+# The compiler's limit on one CEL expression (src/policies/mod.rs MAX_EXPRESSION).
+MAX_EXPRESSION = 100_000
+
+
+def test_the_compilers_expression_limit_is_the_api_servers_and_a_configuration_past_it_is_refused(cluster,
+                                                                                                  tmp_path):
+    """Each override repeats every expression that reads a limit, and each profile adds its
+    checks: past the API server's limit on one expression it refuses the whole object when it
+    is applied. The compiler refuses such a configuration first, naming the expression; the
+    limit is the API server's own, to the character."""
+    def policy(length: int) -> dict:
+        literal = "x" * (length - len("'' != ''"))
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": f"evi-limit-{length}"},
+                "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                                 "operations": ["CREATE"], "resources": ["pods"]}]},
+                         "validations": [{"expression": f"'{literal}' != ''"}]}}
+    at = cluster.create(policy(MAX_EXPRESSION), "--dry-run=server", check=False)
+    assert at.returncode == 0, at.stderr[-500:]
+    past = cluster.create(policy(MAX_EXPRESSION + 1), "--dry-run=server", check=False)
+    assert past.returncode != 0
+    assert f"size: {MAX_EXPRESSION + 1}, limit {MAX_EXPRESSION}" in past.stderr, past.stderr[-500:]
+    # Eight overrides of a small configuration: the policies' longest expression is past it.
+    from test_policies_overrides import CONFIG as TEAMS
+    config = copy.deepcopy(TEAMS)
+    config["policyOverrides"] = [
+        {**o, "name": f"{o['name']}-{i}", "namespaceSelector": {"matchLabels": {"team": f"t{i}"}}}
+        for i, o in enumerate(TEAMS["policyOverrides"] * 2)]
+    for o in config["policyOverrides"]:
+        o.pop("namespaces", None)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([str(BINARY), "policies", "--config", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    refused = [line for line in out.stderr.splitlines() if line.startswith("  - policyOverrides: ")]
+    assert refused and all(f"past the {MAX_EXPRESSION} the API server compiles" in line for line in refused), out.stderr
+    assert any(line.startswith("  - policyOverrides: ValidatingAdmissionPolicy ephemeral-volume-injector spec.variables[")
+               and "(problems).expression" in line and "(9 times)" in line for line in refused), out.stderr
