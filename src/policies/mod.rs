@@ -264,33 +264,6 @@ pub const MAX_EXPRESSION: usize = 100_000;
 /// path, with what made it long: the overrides (each expression that reads a limit is there
 /// once per policy) or, without them, the profiles.
 fn too_long(cfg: &Config, documents: &[Value]) -> Vec<Unsupported> {
-    fn walk(v: &Value, path: &str, out: &mut Vec<(String, usize)>) {
-        match v {
-            Value::Object(fields) => {
-                for (k, v) in fields {
-                    let at = format!("{path}.{k}");
-                    match v {
-                        Value::String(e) if k.ends_with("xpression") => {
-                            let size = e.chars().count();
-                            if size > MAX_EXPRESSION {
-                                out.push((at, size));
-                            }
-                        }
-                        _ => walk(v, &at, out),
-                    }
-                }
-            }
-            Value::Array(items) => {
-                for (i, v) in items.iter().enumerate() {
-                    let named = v.get("name").and_then(Value::as_str);
-                    let at = named
-                        .map_or_else(|| format!("{path}[{i}]"), |n| format!("{path}[{i}] ({n})"));
-                    walk(v, &at, out);
-                }
-            }
-            _ => {}
-        }
-    }
     let (key, grown) = if cfg.overrides.is_empty() {
         (
             "profiles",
@@ -311,9 +284,9 @@ fn too_long(cfg: &Config, documents: &[Value]) -> Vec<Unsupported> {
     };
     let mut out = Vec::new();
     for d in documents {
-        let mut long = Vec::new();
-        walk(&d["spec"], "spec", &mut long);
-        for (at, size) in long {
+        let mut all = Vec::new();
+        expressions(&d["spec"], "spec", &mut all);
+        for (at, size) in all.into_iter().filter(|(_, size)| *size > MAX_EXPRESSION) {
             out.push(Unsupported {
                 key: key.to_owned(),
                 why: format!(
@@ -326,6 +299,34 @@ fn too_long(cfg: &Config, documents: &[Value]) -> Vec<Unsupported> {
         }
     }
     out
+}
+
+/// Each CEL expression under `v` (a field whose name ends in `xpression`): where, as a path
+/// from `path` (a list item by its index and name), and its length in code points.
+fn expressions(v: &Value, path: &str, out: &mut Vec<(String, usize)>) {
+    match v {
+        Value::Object(fields) => {
+            for (k, v) in fields {
+                let at = format!("{path}.{k}");
+                match v {
+                    Value::String(e) if k.ends_with("xpression") => {
+                        out.push((at, e.chars().count()))
+                    }
+                    _ => expressions(v, &at, out),
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let at = match v.get("name").and_then(Value::as_str) {
+                    Some(n) => format!("{path}[{i}] ({n})"),
+                    None => format!("{path}[{i}]"),
+                };
+                expressions(v, &at, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn text_of(v: &Value) -> &str {

@@ -545,15 +545,11 @@ fn policies_past_the_api_servers_expression_limit_are_refused_naming_the_overrid
         compile(&Config::parse(&text).unwrap(), "evi", &[])
     };
     let longest = |p: &Policies| {
-        fn walk(v: &Value, key: &str) -> usize {
-            match v {
-                Value::String(e) if key.ends_with("xpression") => e.chars().count(),
-                Value::Object(m) => m.iter().map(|(k, v)| walk(v, k)).max().unwrap_or(0),
-                Value::Array(a) => a.iter().map(|v| walk(v, key)).max().unwrap_or(0),
-                _ => 0,
-            }
+        let mut all = Vec::new();
+        for d in &p.documents {
+            expressions(d, "", &mut all);
         }
-        p.documents.iter().map(|d| walk(d, "")).max().unwrap_or(0)
+        all.into_iter().map(|(_, size)| size).max().unwrap_or(0)
     };
     // Each override makes the longest expression longer; as many as fit are compiled.
     let fits = (1..40).take_while(|n| with(*n).is_ok()).last().unwrap();
