@@ -523,7 +523,7 @@ def test_reinvocation_after_a_later_mutator_adds_a_container_is_the_same_either_
 @pytest.mark.parametrize("label,annotations,spec", [c for c in CASES if "container" in c[0] or "refused" in c[0]][::3])
 def test_with_the_policies_and_the_webhook_both_on_a_pod_is_what_the_webhook_alone_makes(cluster, release, policies,
                                                                                       label, annotations, spec):
-    """The move from one to the other without a gap (docs/policies.md): while both serve a
+    """The move from one to the other (docs/policies.md): while both serve a
     namespace, the policies run first and the webhook finds everything there already."""
     webhook, together = both(cluster, annotations, spec, namespaces=(WEBHOOK_NS, BOTH_NS))
     assert (webhook.returncode == 0) == (together.returncode == 0), (webhook.stderr, together.stderr)
