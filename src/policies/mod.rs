@@ -258,7 +258,7 @@ pub fn compile(cfg: &Config, name: &str, exclude: &[String]) -> Result<Policies,
 
 /// The longest CEL expression the API server compiles, in code points: past it, it refuses the
 /// whole object ("expression code point size exceeds limit").
-pub const MAX_EXPRESSION: usize = 100_000;
+const MAX_EXPRESSION: usize = 100_000;
 
 /// Each expression of `documents` the API server would refuse as too long, named by object and
 /// path, with what made it long: the overrides (each expression that reads a limit is there
