@@ -27,9 +27,10 @@ export PATH := $(TOOLS_DIR)/bin:$(PATH)
 export CARGO_TERM_COLOR ?= never
 CARGO_DENY_VERSION := 0.20.2
 CARGO_DENY := $(TOOLS_DIR)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
-# Every integration test binary but the server's, which runs alone: each of its tests drives
-# a real server under load, and two side by side on 2 cores starve each other.
-TESTS := $(filter-out server,$(basename $(notdir $(wildcard tests/*.rs))))
+# Every integration test binary but the server's and the fairness one, which run alone: each
+# of their tests drives a real server under load, and two side by side on 2 cores starve
+# each other.
+TESTS := $(filter-out server fairness,$(basename $(notdir $(wildcard tests/*.rs))))
 
 VERSION := $(shell awk -F'"' '/^version = / { print $$2; exit }' Cargo.toml)
 COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
@@ -56,6 +57,7 @@ lint:
 unit:
 	cargo test --locked --no-fail-fast --lib --bins $(addprefix --test ,$(TESTS))
 	cargo test --locked --no-fail-fast --test server -- --test-threads=1
+	cargo test --locked --no-fail-fast --test fairness -- --test-threads=1
 
 # The debug binary the chart and end-to-end tests call.
 build:

@@ -512,39 +512,80 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+async fn at_the_cap_a_newcomer_takes_a_place_without_a_request_waits_for_requests_or_is_closed() {
     let server = Server::start(
-        &["--max-connections", "2", "--header-timeout-seconds", "30"],
+        &[
+            "--max-connections",
+            "2",
+            "--header-timeout-seconds",
+            "30",
+            "--body-timeout-seconds",
+            "2",
+        ],
         None,
         dir(),
     );
     let tls = connector(&server.ca_pem, Proto::H1);
-    let first = connect(server.webhook, &tls, Proto::H1).await.unwrap();
-    let _second = connect(server.webhook, &tls, Proto::H1).await.unwrap();
-    // The third TCP connection sits in the backlog: its handshake does not complete...
-    let third = tokio::spawn({
-        let tls = tls.clone();
-        let addr = server.webhook;
-        async move { connect(addr, &tls, Proto::H1).await }
-    });
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(
-        !third.is_finished(),
-        "a third connection was served beyond --max-connections 2"
-    );
-    // ...until a slot frees up.
-    drop(first);
-    let mut third = tokio::time::timeout(Duration::from_secs(10), third)
-        .await
-        .expect("the waiting connection was never served")
-        .unwrap()
-        .unwrap();
     let (_, request) = nextflow_review("limit");
-    let (status, _) = third
-        .send("POST", "/mutate", serde_json::to_vec(&request).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(status, StatusCode::OK);
+    let body = serde_json::to_vec(&request).unwrap();
+    // Two handshaken connections that have sent nothing: a third is served at once, in the
+    // place of the oldest, which is closed.
+    let mut first = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+    let _second = connect(server.webhook, &tls, Proto::H1).await.unwrap();
+    let mut third = tokio::time::timeout(
+        Duration::from_secs(3),
+        connect(server.webhook, &tls, Proto::H1),
+    )
+    .await
+    .expect("the newcomer waited")
+    .unwrap();
+    assert_eq!(
+        third.send("POST", "/mutate", body.clone()).await.unwrap().0,
+        StatusCode::OK
+    );
+    assert!(
+        first.send("POST", "/mutate", body.clone()).await.is_err(),
+        "the oldest connection without a request was not closed"
+    );
+    drop((first, _second, third));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both places taken by requests from 127.0.0.2 whose bodies never come.
+    let _held = [
+        hold(&server, "h1-no-body").await.unwrap(),
+        hold(&server, "h1-no-body").await.unwrap(),
+    ];
+    // (Once the webhook has read their headers: before, they are connections without a
+    // request.) Another from that address is closed at once: it holds its share.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let tcp = tcp_from(HOLDER, server.webhook).await.unwrap();
+    let refused = tls
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await;
+    assert!(refused.is_err(), "a third connection from the holder");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // One from elsewhere waits for the requests' bound (2 s), then is served.
+    let mut waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        connect(server.webhook, &tls, Proto::H1),
+    )
+    .await
+    .expect("the newcomer from elsewhere was never served")
+    .unwrap();
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(
+        waited.send("POST", "/mutate", body).await.unwrap().0,
+        StatusCode::OK
+    );
+    assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
+    for (cause, at_least) in [("evicted", 1.0), ("refused", 1.0)] {
+        let n = server
+            .metric(&format!(
+                "evi_connections_closed_total{{port=\"webhook\",cause=\"{cause}\"}}"
+            ))
+            .await;
+        assert!(n >= at_least, "{cause}: {n}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -622,6 +663,10 @@ async fn on_error_warn_admits_unchanged_with_a_warning_and_the_status_annotation
 
 // === connections that make no progress ===
 
+/// The address the holders come from (127.0.0.2); the normal client comes from 127.0.0.1, as
+/// the API server comes from an address of its own.
+const HOLDER: u8 = 2;
+
 /// Opens a TLS connection (ALPN `proto`) and leaves it in one of the attack shapes.
 async fn hold(
     server: &Server,
@@ -633,7 +678,7 @@ async fn hold(
     } else {
         Proto::H1
     };
-    let tcp = TcpStream::connect(server.webhook).await.ok()?;
+    let tcp = tcp_from(HOLDER, server.webhook).await.ok()?;
     let mut tls = connector(&server.ca_pem, proto)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
@@ -691,7 +736,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let tcp = TcpStream::connect(server.webhook).await.ok()?;
+    let tcp = tcp_from(HOLDER, server.webhook).await.ok()?;
     let tls = connector(&server.ca_pem, Proto::H2)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
@@ -759,6 +804,8 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
         &[
             "--max-connections",
             "256",
+            "--max-connections-per-peer",
+            "256",
             "--header-timeout-seconds",
             "1",
             "--body-timeout-seconds",
@@ -794,13 +841,17 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
                 held.push(h);
             }
         }
-        // During the attack: a normal client is answered within the API server's timeout
-        // (10 s by default) once the bounds cut the holders, or the webhook says it is not ready.
-        let ready = server.admin_get("/readyz").await.0 == StatusCode::OK;
-        let served = served_within(&server, Duration::from_secs(10)).await;
+        // During the attack, from another address: a normal client is answered within the
+        // API server's timeout (10 s by default), in the place of a holder that is not in a
+        // request, or once the bounds cut those that are; the replica stays ready.
+        assert_eq!(
+            server.admin_get("/readyz").await.0,
+            StatusCode::OK,
+            "{shape}: holders made the replica unready"
+        );
         assert!(
-            served || !ready,
-            "{shape}: not served within 10 s while reporting ready"
+            served_within(&server, Duration::from_secs(10)).await,
+            "{shape}: not served within 10 s"
         );
         // After the bounds, fully available again, and the cuts are counted by cause.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -825,13 +876,18 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
                 .await
         }
     };
+    // All but the one each normal client took the place of (closed: evicted).
     assert!(
-        metric("header-timeout").await >= 256.0,
+        metric("header-timeout").await >= 255.0,
         "no preface: cut at the header bound"
     );
     assert!(
-        metric("idle").await >= 256.0,
+        metric("idle").await >= 255.0,
         "idle HTTP/2: cut at the idle bound"
+    );
+    assert!(
+        metric("evicted").await >= 2.0,
+        "room made for the normal client"
     );
     assert!(
         server
@@ -840,12 +896,14 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
             >= 4.0 * 256.0,
         "bodies never sent or trickled (HTTP/1.1 and HTTP/2): 408"
     );
+    // Holders in requests: the normal client waited for them (counted), never refused.
     assert!(
         server
             .metric("evi_connections_at_capacity_total{port=\"webhook\"}")
             .await
             >= 1.0
     );
+    assert_eq!(metric("refused").await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

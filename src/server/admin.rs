@@ -113,7 +113,6 @@ mod tests {
                 true,
                 "cluster's CSIDriver and StorageClass lists",
             ),
-            (&state.at_capacity, false, "connection cap"),
         ] {
             unready(flag, !ready_when);
             let (status, _, body) = get(&state, "GET", "/readyz").await;

@@ -115,15 +115,26 @@ pub struct ServeArgs {
     /// ALPN), all its calls over one connection; it reconnects cheaply.
     #[arg(long, env = "EVI_H2_IDLE_TIMEOUT_SECONDS", default_value = "60", value_parser = seconds)]
     pub h2_idle_timeout_seconds: Duration,
-    /// Connections served at once; more wait in the kernel's backlog. Bounds memory under a
-    /// flood of idle or slow clients (each connection in a TLS handshake holds ~25 KiB). Too low a
-    /// limit lets a flood of idle connections starve the API server until they time out.
+    /// Connections served at once; bounds memory under a flood of idle or slow clients (each
+    /// connection in a TLS handshake holds ~25 KiB). When it is reached, a newcomer takes the
+    /// place of a connection that is not in a request (in its handshake, before its first
+    /// request, or idle) from the address holding the most; clients never make the webhook
+    /// report itself not ready.
     #[arg(long, env = "EVI_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+    /// Connections one client address may hold on the webhook port; its next one replaces its
+    /// own oldest connection that is not in a request, or is closed at once. The API server
+    /// needs one or a few (HTTP/2); a pod flooding the port holds at most this many.
+    #[arg(long, env = "EVI_MAX_CONNECTIONS_PER_PEER", default_value_t = 64)]
+    pub max_connections_per_peer: usize,
     /// Connections served at once on the admin port (probes and scrapes need a few); it
     /// cannot take descriptors or memory from the webhook port beyond this.
     #[arg(long, env = "EVI_ADMIN_MAX_CONNECTIONS", default_value_t = 64)]
     pub admin_max_connections: usize,
+    /// Connections one client address may hold on the admin port (the kubelet's probes and a
+    /// scraper need one or two each).
+    #[arg(long, env = "EVI_ADMIN_MAX_CONNECTIONS_PER_PEER", default_value_t = 8)]
+    pub admin_max_connections_per_peer: usize,
     /// Seconds an admin client has for its request headers (probes send them at once).
     #[arg(long, env = "EVI_ADMIN_HEADER_TIMEOUT_SECONDS", default_value = "5", value_parser = seconds)]
     pub admin_header_timeout_seconds: Duration,
@@ -178,11 +189,13 @@ impl ServeArgs {
                 header: self.header_timeout_seconds,
                 h1_idle: self.idle_timeout_seconds,
                 h2_idle: self.h2_idle_timeout_seconds,
+                body: self.body_timeout_seconds,
             },
             admin: Bounds {
                 header: self.admin_header_timeout_seconds,
                 h1_idle: admin_idle,
                 h2_idle: admin_idle,
+                body: self.body_timeout_seconds,
             },
             body: self.body_timeout_seconds,
             drain_delay: self.drain_delay_seconds,

@@ -11,10 +11,9 @@
 //! hyper's own header-read timeout also runs while a keep-alive connection waits, so it would
 //! make the idle bound the header bound; this module tracks the phases itself instead.
 //!
-//! At its port's connection cap, the idle connection that has waited longest is closed to make
-//! room ([`Activity::evict`]), before the port reports not ready: idle keep-alive connections,
-//! which anyone who can reach the port can open, cannot take a replica out of service. At
-//! shutdown, an HTTP/1.1 connection that has not had its first request yet gets it answered
+//! When its port wants a slot, a connection that is not in a request (before its first one,
+//! or idle between requests) can be closed to make room ([`Activity::evict`]; the port chooses
+//! which, fairly between peers: see `listener`). At shutdown, an HTTP/1.1 connection that has not had its first request yet gets it answered
 //! (with `Connection: close`) within the header bound: the client sends it on a connection we
 //! accepted, and would otherwise read an EOF.
 
@@ -47,6 +46,9 @@ pub struct Bounds {
     pub header: Duration,
     pub h1_idle: Duration,
     pub h2_idle: Duration,
+    /// A request's body (the handlers enforce it; the port waits no longer for a request to
+    /// end than the header and body bounds together).
+    pub body: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +74,8 @@ pub struct Activity {
     evicted: tokio::sync::Notify,
     /// It was asked to close (and is not chosen again).
     evicting: std::sync::atomic::AtomicBool,
+    /// Its port's news: told when the connection becomes idle (it may then make room).
+    changed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Default for Activity {
@@ -83,6 +87,7 @@ impl Default for Activity {
             started: tokio::sync::Notify::new(),
             evicted: tokio::sync::Notify::new(),
             evicting: std::sync::atomic::AtomicBool::new(false),
+            changed: None,
         }
     }
 }
@@ -95,24 +100,52 @@ impl Activity {
         a
     }
 
+    /// A connection's activity, its port told through `changed` whenever it becomes idle.
+    pub fn watched(changed: Arc<tokio::sync::Notify>) -> Self {
+        Activity {
+            changed: Some(changed),
+            ..Activity::default()
+        }
+    }
+
     fn is_h2(&self) -> bool {
         self.h2.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Since when the connection has been idle (no request in flight, keep-alive), if it is
-    /// and has not been asked to close already.
-    pub fn idle_since(&self) -> Option<Instant> {
-        if self.evicting.load(std::sync::atomic::Ordering::SeqCst) {
+    /// Since when the connection has been closable without losing a request — before its
+    /// first request (TLS handshake, preface, first headers: since it was accepted) or idle
+    /// between requests — unless it has been asked to close already.
+    pub fn closable_since(&self) -> Option<Instant> {
+        if self.is_evicting() {
             return None;
         }
-        self.with(|&mut (phase, since, _)| (phase == Phase::Idle).then_some(since))
+        let served = self.has_served();
+        self.with(|&mut (phase, since, _)| match phase {
+            Phase::Idle => Some(since),
+            Phase::Headers if !served => Some(since),
+            Phase::Headers | Phase::InRequest => None,
+        })
     }
 
-    /// Asks the connection to close (it is idle: nothing is lost).
+    /// Whether it was asked to close.
+    pub fn is_evicting(&self) -> bool {
+        self.evicting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn has_served(&self) -> bool {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Asks the connection to close (it is not in a request: nothing is lost).
     pub fn evict(&self) {
         self.evicting
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.evicted.notify_one();
+    }
+
+    /// Resolves once the connection has been asked to close.
+    pub async fn evicted(&self) {
+        self.evicted.notified().await;
     }
 
     /// Resolves at the first request's start (at once if one has started).
@@ -144,13 +177,13 @@ impl Activity {
         });
     }
 
-    fn request_started(&self) {
+    pub(super) fn request_started(&self) {
         self.with(|s| *s = (Phase::InRequest, Instant::now(), s.2 + 1));
         self.served.store(true, std::sync::atomic::Ordering::SeqCst);
         self.started.notify_waiters();
     }
 
-    fn request_finished(&self) {
+    pub(super) fn request_finished(&self) {
         self.with(|s| {
             let active = s.2.saturating_sub(1);
             let phase = if active == 0 {
@@ -160,6 +193,9 @@ impl Activity {
             };
             *s = (phase, Instant::now(), active);
         });
+        if let Some(changed) = &self.changed {
+            changed.notify_waiters();
+        }
     }
 
     /// When the current phase runs out, and why; `None` while a request is in flight.
@@ -294,8 +330,12 @@ pub async fn serve<IO>(
             }
             return;
         }
-        () = activity.evicted.notified() => {
+        () = activity.evicted() => {
             cut(Cause::Evicted);
+            if !activity.has_served() {
+                // No request yet: nothing to finish, and the slot is wanted now.
+                return;
+            }
             // Idle when chosen; a request that started since is finished first.
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(bounds.header, conn.as_mut()).await;
@@ -375,6 +415,7 @@ mod tests {
     use super::*;
 
     const B: Bounds = Bounds {
+        body: Duration::from_secs(10),
         header: Duration::from_secs(5),
         h1_idle: Duration::from_secs(120),
         h2_idle: Duration::from_secs(60),
@@ -408,16 +449,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn only_an_idle_connection_is_offered_for_eviction_and_only_once() {
+    async fn only_a_connection_outside_a_request_is_offered_for_eviction_and_only_once() {
         let a = Activity::new(false);
-        assert_eq!(a.idle_since(), None, "waiting for its first request");
+        let accepted = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            a.closable_since(),
+            Some(accepted),
+            "waiting for its first request, since it was accepted"
+        );
         a.request_started();
-        assert_eq!(a.idle_since(), None, "a request in flight");
+        assert_eq!(a.closable_since(), None, "a request in flight");
         a.request_finished();
         let idle = Instant::now();
-        assert_eq!(a.idle_since(), Some(idle));
+        assert_eq!(a.closable_since(), Some(idle));
+        // HTTP/1.1: the next request's first bytes make it a request again.
+        a.bytes_read();
+        assert_eq!(a.closable_since(), None, "the next request's headers");
+        a.request_started();
+        a.request_finished();
         a.evict();
-        assert_eq!(a.idle_since(), None, "already asked to close");
+        assert_eq!(a.closable_since(), None, "already asked to close");
+        assert!(a.is_evicting());
+        tokio::time::timeout(Duration::from_millis(1), a.evicted())
+            .await
+            .expect("the eviction is kept for the connection to see");
         // The request the shutdown waits for: resolved at once once one has started.
         tokio::time::timeout(Duration::from_millis(1), a.first_request())
             .await

@@ -63,19 +63,22 @@ pub enum Cause {
     HandshakeTimeout,
     HeaderTimeout,
     Idle,
-    /// Idle, and closed to make room at the connection cap.
+    /// Not in a request, and closed to make room for a newcomer.
     Evicted,
     Malformed,
+    /// A newcomer closed at once: its address held its share of the slots.
+    Refused,
 }
 
 impl Cause {
     /// Every cause (the metrics start each at 0).
-    pub const ALL: [Cause; 5] = [
+    pub const ALL: [Cause; 6] = [
         Cause::HandshakeTimeout,
         Cause::HeaderTimeout,
         Cause::Idle,
         Cause::Evicted,
         Cause::Malformed,
+        Cause::Refused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +88,7 @@ impl Cause {
             Cause::Idle => "idle",
             Cause::Evicted => "evicted",
             Cause::Malformed => "malformed",
+            Cause::Refused => "refused",
         }
     }
 }
@@ -240,7 +244,7 @@ impl Default for Metrics {
         let connections_closed = Family::<CauseLabel, Counter>::default();
         registry.register(
             "connections_closed",
-            "Connections the server closed, by port and cause (handshake-timeout, header-timeout, idle, malformed)",
+            "Connections the server closed, by port and cause (handshake-timeout, header-timeout, idle, evicted, malformed, refused)",
             connections_closed.clone(),
         );
         let connections_open = Family::<PortLabel, Gauge>::default();
@@ -252,7 +256,7 @@ impl Default for Metrics {
         let at_capacity = Family::<PortLabel, Counter>::default();
         registry.register(
             "connections_at_capacity",
-            "Times a port reached its connection cap (it then waits for a free slot; the webhook port reports not ready meanwhile)",
+            "Times a newcomer found its port at the connection cap with no connection it could close (every one in a request); it waits for a slot up to the header bound",
             at_capacity.clone(),
         );
         let responses = Family::<CodeLabel, Counter>::default();

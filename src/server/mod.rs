@@ -159,6 +159,7 @@ pub async fn serve(
         Some(acceptor),
         timing.webhook,
         args.max_connections,
+        args.max_connections_per_peer,
         state.clone(),
         webhook_stopping,
     );
@@ -214,7 +215,6 @@ fn app_state(
         metrics: Metrics::default(),
         certs,
         ready: AtomicBool::new(false),
-        at_capacity: AtomicBool::new(false),
         bodies: Bodies {
             max_bytes: args.max_body_bytes,
             timeout: timing.body,
@@ -337,6 +337,7 @@ fn start_admin(
         None,
         timing.admin,
         args.admin_max_connections,
+        args.admin_max_connections_per_peer,
         state.clone(),
         stopping.clone(),
     ));

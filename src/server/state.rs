@@ -17,8 +17,6 @@ pub(crate) struct AppState {
     pub metrics: Metrics,
     pub certs: Arc<CertStore>,
     pub ready: AtomicBool,
-    /// The webhook port is at its connection cap: not ready, so the Service sends elsewhere.
-    pub at_capacity: AtomicBool,
     /// The bounds on request bodies: size, time, and room for those held at once.
     pub bodies: Bodies,
     /// Reviews decided at once ([`reviews_at_once`]): what a review costs beyond its body (the
@@ -53,8 +51,6 @@ impl AppState {
             .is_some_and(|w| w.awaiting_namespaces())
         {
             Some("waiting for the Namespace list (policyOverrides select namespaces by label)")
-        } else if self.at_capacity.load(Ordering::SeqCst) {
-            Some("the webhook port is at its connection cap")
         } else {
             None
         }
@@ -92,7 +88,6 @@ pub(crate) fn test_state_watching(
         metrics: Metrics::default(),
         certs: Arc::new(CertStore::new(loaded.key)),
         ready: AtomicBool::new(true),
-        at_capacity: AtomicBool::new(false),
         bodies: Bodies {
             max_bytes: 1 << 20,
             timeout: std::time::Duration::from_secs(5),

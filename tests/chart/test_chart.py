@@ -411,7 +411,8 @@ def test_deployment_args_are_real_serve_flags():
     assert f"--config={mounts['config']}/config.yaml" in c["args"]
     # Every connection bound is a chart value.
     bounds = {"header-timeout-seconds", "body-timeout-seconds", "idle-timeout-seconds", "h2-idle-timeout-seconds",
-              "max-connections", "admin-max-connections", "admin-header-timeout-seconds", "admin-idle-timeout-seconds"}
+              "max-connections", "max-connections-per-peer", "admin-max-connections", "admin-max-connections-per-peer",
+              "admin-header-timeout-seconds", "admin-idle-timeout-seconds"}
     assert bounds <= flags
     set_by_chart = {re.fullmatch(r"--([a-z0-9-]+)=.*", a).group(1) for a in c["args"][1:]}
     assert bounds <= set_by_chart, bounds - set_by_chart

@@ -309,6 +309,14 @@ pub struct Conn {
     pub peer: Vec<u8>,
 }
 
+/// A TCP connection from `127.0.0.<src>` (a client at another address: the webhook shares
+/// its connections fairly between addresses).
+pub async fn tcp_from(src: u8, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from(([127, 0, 0, src], 0)))?;
+    socket.connect(to).await
+}
+
 pub async fn connect(addr: SocketAddr, tls: &TlsConnector, proto: Proto) -> Result<Conn, String> {
     let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     let stream = tls
