@@ -97,6 +97,7 @@ impl ClusterState {
     /// stream, or single objects; other kinds are skipped.
     pub fn parse(text: &str) -> Result<ClusterState, ClusterError> {
         use serde::Deserialize as _;
+        crate::yaml_nesting::check(text).map_err(|e| ClusterError::Parse(e.to_string()))?;
         let mut state = ClusterState::default();
         for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
             let value = Value::deserialize(doc)

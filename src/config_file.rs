@@ -55,6 +55,7 @@ pub fn load(path: &Path) -> Result<(Config, Found), ConfigError> {
 /// file nor holds a ConfigMap is read as a configuration (its own errors say what is wrong).
 pub fn configuration_in(text: &str) -> Result<(String, Found), ConfigError> {
     let invalid = |message: String| ConfigError::Invalid(vec![message]);
+    crate::yaml_nesting::check(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
     let mut documents = Vec::new();
     for document in yaml_serde::Deserializer::from_str(text) {
         match serde::Deserialize::deserialize(document) {

@@ -25,3 +25,4 @@ pub mod server;
 pub mod validate;
 pub mod volume;
 pub mod workload;
+pub mod yaml_nesting;

@@ -150,6 +150,11 @@ pub struct PodView<'a> {
     /// `spec`.
     #[serde(borrow)]
     pub spec: Option<SpecView<'a>>,
+    /// The containers' and the init containers' positions sorted by name (then position),
+    /// each made once per review, the first time a request names containers of that list:
+    /// every name of every annotation is then a binary search, not a pass over the pod.
+    #[serde(skip)]
+    by_name: [std::sync::OnceLock<Vec<usize>>; 2],
 }
 
 /// A pod's `metadata`, as far as the engine reads it.
@@ -346,6 +351,27 @@ impl<'a> PodView<'a> {
             .as_ref()
             .and_then(|s| s.init_containers.as_deref())
             .unwrap_or_default()
+    }
+
+    /// The position of the first container named `name` in the containers (`init`: the init
+    /// containers), if there is one.
+    pub fn position(&self, init: bool, name: &str) -> Option<usize> {
+        let list = if init {
+            self.init_containers()
+        } else {
+            self.containers()
+        };
+        let sorted = self.by_name[usize::from(init)].get_or_init(|| {
+            let mut sorted: Vec<usize> = (0..list.len()).collect();
+            // Stable: of equal names, the first position first.
+            sorted.sort_by(|&a, &b| list[a].name.cmp(&list[b].name));
+            sorted
+        });
+        let first = sorted.partition_point(|&i| *list[i].name < *name);
+        sorted
+            .get(first)
+            .copied()
+            .filter(|&i| *list[i].name == *name)
     }
 
     /// The pod's volumes by name (the first of a name), read once for a decision.

@@ -1224,3 +1224,74 @@ fn mutate_says_once_what_a_label_selected_override_cannot_decide_without_namespa
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("try again in a moment"));
 }
+
+#[test]
+fn serve_refuses_to_write_its_ca_through_a_symbolic_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("victim");
+    std::fs::write(&target, "precious").unwrap();
+    let link = dir.path().join("ca.crt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = run(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--ca-out",
+            link.to_str().unwrap(),
+        ],
+        None,
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("symbolic link") && err.contains(link.to_str().unwrap()),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    // Nothing left beside it.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+}
+
+#[test]
+fn deeply_nested_yaml_is_refused_at_once_naming_where() {
+    // 3 MB of flow nesting: the YAML reader's cost grows with the square of the depth (it
+    // would run for minutes); the readers refuse it before reading.
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.yaml");
+    let depth = 1_500_000;
+    std::fs::write(
+        &deep,
+        format!("profiles: {}{}\n", "[".repeat(depth), "]".repeat(depth)),
+    )
+    .unwrap();
+    let deep = deep.to_str().unwrap();
+    for args in [
+        vec!["check-config", deep],
+        vec!["mutate", "-f", deep],
+        vec![
+            "mutate",
+            "-f",
+            &data("../golden/deployment/input.yaml"),
+            "--config",
+            deep,
+        ],
+        vec!["policies", "--config", deep],
+    ] {
+        let out = run(&args, None);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            err.contains("line 1, column 139: flow collections") && err.contains("128 deep"),
+            "{args:?}: {err}"
+        );
+    }
+}

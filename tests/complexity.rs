@@ -316,6 +316,32 @@ fn families() -> Vec<Family> {
                 ))
             },
         },
+        // The most volume annotations a pod may have, each with a `containers=` list of
+        // 1,024 names, against a growing pod that has every container they name: the pod's
+        // containers are indexed once per review, not once per annotation (which made it
+        // annotations × containers).
+        Family {
+            name: "annotations-x-containers",
+            endpoint: Mutate,
+            review: |n| {
+                let listed: Vec<String> = (0..1024).map(|i| format!("c{i}")).collect();
+                let listed = listed.join(";");
+                let annotations: serde_json::Map<String, Value> = (0..64)
+                    .map(|i| {
+                        (
+                            format!("ephemeral-volumes.io/v{i}"),
+                            json!(format!(
+                                "type=emptyDir,size=1Gi,mountPath=/v{i},containers={listed}"
+                            )),
+                        )
+                    })
+                    .collect();
+                let containers: Vec<Value> = (0..grown(1600, n))
+                    .map(|i| json!({"name": format!("c{i}")}))
+                    .collect();
+                pod_review(&pod(Value::Object(annotations), Value::Array(containers)))
+            },
+        },
         // `containers=` lists of short names in every volume annotation, each as long as a
         // value may be (a list is counted against its bound before it is read).
         Family {

@@ -24,6 +24,9 @@ pub enum WorkloadError {
         #[source]
         source: yaml_serde::Error,
     },
+    /// Nested too deep to read.
+    #[error("cannot parse the input: {0}")]
+    TooDeep(#[from] crate::yaml_nesting::TooDeep),
     /// Not a Kubernetes object.
     #[error("the input is not a Kubernetes object (no apiVersion/kind)")]
     NotAnObject,
@@ -84,6 +87,7 @@ fn supported_kinds() -> String {
 /// skipped) or a `kind: List`, in order.
 pub fn parse_objects(text: &str) -> Result<Vec<Value>, WorkloadError> {
     use serde::Deserialize as _;
+    crate::yaml_nesting::check(text)?;
     let mut out = Vec::new();
     for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(doc).map_err(|source| WorkloadError::Parse {

@@ -275,6 +275,8 @@ impl Config {
         // keeping the last), stop the reading: there is no document to read further.
         let syntax =
             |e: yaml_serde::Error| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]);
+        crate::yaml_nesting::check(text)
+            .map_err(|e| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]))?;
         let doc: Value = yaml_serde::from_str(text).map_err(syntax)?;
         // An empty file, or one with only comments, is the default configuration.
         let file = if doc.is_null() {

@@ -8,7 +8,7 @@ use std::{
 
 use serde_json::value::RawValue;
 
-use super::{existing, resolve::Resolved};
+use super::{existing, resolve::Resolved, targets::Targets};
 use crate::{
     config::StatusKey,
     decision::Denial,
@@ -152,15 +152,38 @@ pub(super) fn place_volumes<'a>(
         (ContainerList::InitContainers, pod.init_containers()),
     ];
     for (list, containers) in lists {
+        let targets = |v: &'a Resolved<'_>| match list {
+            ContainerList::Containers => &v.containers,
+            ContainerList::InitContainers => &v.init_containers,
+        };
+        // Which volumes each container gets, without asking every volume about every
+        // container: those for all of them, and the (container, volume) pairs of the lists.
+        let everywhere: Vec<usize> = (0..volumes.len())
+            .filter(|&k| matches!(targets(&volumes[k]), Targets::All))
+            .collect();
+        let mut listed: Vec<(usize, usize)> = Vec::new();
+        for (k, v) in volumes.iter().enumerate() {
+            if let Targets::Listed(l) = targets(v) {
+                listed.extend(l.iter().map(|&i| (i, k)));
+            }
+        }
+        listed.sort_unstable();
+        let mut rest = listed.as_slice();
         for (index, c) in containers.iter().enumerate() {
-            let targets = |v: &Resolved<'_>| match list {
-                ContainerList::Containers => v.containers.contains(index),
-                ContainerList::InitContainers => v.init_containers.contains(index),
-            };
-            let mut targeting = volumes.iter().filter(|v| targets(v)).peekable();
-            if targeting.peek().is_none() {
+            let here = rest.partition_point(|&(i, _)| i == index);
+            let (own, after) = rest.split_at(here);
+            rest = after;
+            if everywhere.is_empty() && own.is_empty() {
                 continue;
             }
+            // In the volumes' order, as they were asked for.
+            let mut ks: Vec<usize> = everywhere
+                .iter()
+                .copied()
+                .chain(own.iter().map(|&(_, k)| k))
+                .collect();
+            ks.sort_unstable();
+            let targeting = ks.into_iter().map(|k| &volumes[k]);
             let mut changes = ContainerChanges {
                 list,
                 index,

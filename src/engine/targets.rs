@@ -1,7 +1,5 @@
 //! Which containers get a volume's mount, and `size=request` (a size read from them).
 
-use std::collections::HashMap;
-
 use crate::{
     decision::Denial,
     echo::{self, quoted},
@@ -41,18 +39,14 @@ pub(super) fn find(
     containers: Option<&[String]>,
     init: Option<&InitTargets>,
 ) -> Result<(Targets, Targets), Denial> {
-    // Every name missing at once, and what the pod has instead. The list is read into a map
-    // once (its first container of a name), so that each name is one look-up.
-    let positions = |list: &[ContainerView], names: &[String], what: &str| {
-        let mut index: HashMap<&str, usize> = HashMap::with_capacity(list.len());
-        for (i, c) in list.iter().enumerate() {
-            index.entry(&*c.name).or_insert(i);
-        }
+    // Every name missing at once, and what the pod has instead. Each name is one look-up in
+    // the pod's index of the list, made once per review however many annotations ask.
+    let positions = |init: bool, names: &[String], what: &str| {
         let mut found = Vec::with_capacity(names.len());
         let mut missing = Vec::new();
         for n in names {
-            match index.get(n.as_str()) {
-                Some(&i) => found.push(i),
+            match pod.position(init, n) {
+                Some(i) => found.push(i),
                 None => missing.push(quoted(n)),
             }
         }
@@ -61,9 +55,25 @@ pub(super) fn find(
             found.dedup();
             return Ok(found);
         }
-        let present: Vec<&str> = list.iter().map(|c| &*c.name).collect();
+        let list = if init {
+            pod.init_containers()
+        } else {
+            pod.containers()
+        };
+        // Only the names a message shows are copied, however long the list.
+        let present: Vec<&str> = list
+            .iter()
+            .take(echo::LIST_LIMIT)
+            .map(|c| &*c.name)
+            .collect();
         let has = match echo::list(&present) {
             None => format!("the pod has no {what}s"),
+            Some(listed) if list.len() > present.len() => {
+                format!(
+                    "its {what}s: {listed} and {} more",
+                    list.len() - present.len()
+                )
+            }
             Some(listed) => format!("its {what}s: {listed}"),
         };
         let missing = match missing.as_slice() {
@@ -75,14 +85,14 @@ pub(super) fn find(
         )))
     };
     let containers = match containers {
-        Some(names) => Targets::Listed(positions(pod.containers(), names, "container")?),
+        Some(names) => Targets::Listed(positions(false, names, "container")?),
         None => Targets::All,
     };
     let init_containers = match init {
         None | Some(InitTargets::None) => Targets::Listed(Vec::new()),
         Some(InitTargets::All) => Targets::All,
         Some(InitTargets::Named(names)) => {
-            Targets::Listed(positions(pod.init_containers(), names, "init container")?)
+            Targets::Listed(positions(true, names, "init container")?)
         }
     };
     Ok((containers, init_containers))

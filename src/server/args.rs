@@ -17,10 +17,13 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Webhook address (HTTPS): POST /mutate (pods) and POST /validate (workloads: Jobs,
-    /// CronJobs, Deployments… whose pod template asks for volumes).
+    /// CronJobs, Deployments… whose pod template asks for volumes). Every interface by
+    /// default, as in a pod, where the API server comes to the pod's own address; outside
+    /// one, give 127.0.0.1:8443 (the README's command does).
     #[arg(long, env = "EVI_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
-    /// Admin address (plain HTTP): /healthz, /readyz, /metrics.
+    /// Admin address (plain HTTP): /healthz, /readyz, /metrics. Every interface by default
+    /// (the kubelet's probes and the scraper come to the pod's address).
     #[arg(long, env = "EVI_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
     /// Serving certificate (PEM, chain allowed); reloaded when it changes. Without it (and

@@ -304,12 +304,42 @@ fn write_generated_ca(
             webhook_addr.port()
         ))
     });
-    std::fs::write(&path, ca_pem).map_err(|source| ServeError::WriteCa {
+    write_no_follow(&path, ca_pem.as_bytes()).map_err(|source| ServeError::WriteCa {
         path: path.display().to_string(),
         source,
     })?;
     tracing::info!(ca = %path.display(), "no --tls-cert given: serving a self-signed certificate for localhost; its CA certificate is in this file");
     Ok(())
+}
+
+/// Writes `bytes` to `path` without following a symbolic link there (the default path is in
+/// the shared temporary directory, where another user could have put one to a file of
+/// ours): a new file beside it, then renamed over it. A link at `path` is refused.
+fn write_no_follow(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let is_link = |p: &std::path::Path| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+    };
+    if is_link(path) {
+        return Err(std::io::Error::other(
+            "it is a symbolic link, which the webhook does not follow (remove it, or name another file)",
+        ));
+    }
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(name);
+    // create_new: never an existing file, nor through a link.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes));
+    // A rename replaces the directory entry, a link included, and never follows it.
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, path));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed
 }
 
 /// The admin port, serving on its runtime.
