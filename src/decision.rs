@@ -144,6 +144,21 @@ impl Decision {
         }
     }
 
+    /// Every warning with its [unsafe](echo::is_unsafe) characters escaped.
+    pub fn printable_warnings(&mut self) {
+        let (Decision::Unchanged { warnings }
+        | Decision::Mutated { warnings, .. }
+        | Decision::AdmittedDespiteError { warnings, .. }) = self
+        else {
+            return;
+        };
+        for w in warnings.iter_mut() {
+            if let std::borrow::Cow::Owned(escaped) = echo::printable(w) {
+                *w = escaped;
+            }
+        }
+    }
+
     /// At most `max` warnings, the last of them saying how many more there were, each cut to
     /// [`echo::WARNING_LIMIT`] bytes (the API server shortens longer ones itself).
     pub fn bound_warnings(&mut self, max: usize) {

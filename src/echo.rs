@@ -111,7 +111,7 @@ impl<T: std::fmt::Display + ?Sized> std::fmt::Display for ForLog<'_, T> {
                         return self.out.write_char('…');
                     }
                     self.left -= c.len_utf8();
-                    if c.is_control() {
+                    if is_unsafe(c) {
                         write!(self.out, "{}", c.escape_default())?;
                     } else {
                         self.out.write_char(c)?;
@@ -127,6 +127,36 @@ impl<T: std::fmt::Display + ?Sized> std::fmt::Display for ForLog<'_, T> {
         };
         write!(w, "{}", self.0)
     }
+}
+
+/// Whether a character must not reach a message, a warning, an annotation or a log line as
+/// it is: control characters, and those that break a line or reorder text in a terminal,
+/// an editor or a log viewer without being control characters (U+2028, U+2029, the
+/// bidirectional marks and overrides).
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `s` with every [unsafe](is_unsafe) character written as its escape (`\n`, `\u{2028}`):
+/// what a pod put in an annotation key or value cannot forge a line or hide text in what the
+/// webhook answers.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(is_unsafe) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if is_unsafe(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// An annotation's text with the value of every `attr.<key>` pair (`=` or `:`) written as

@@ -251,10 +251,16 @@ fn decide_for_scope<'a>(
     match requests.and_then(|r| decide_requests(cfg, cluster, pod, at, r, kept, blame)) {
         Ok(mut decision) => {
             decision.add_warnings(near_miss::near_misses(cfg, pod));
+            decision.printable_warnings();
             decision.bound_warnings(bounds::MAX_WARNINGS);
             decision
         }
         Err(mut denial) => {
+            // Escaped before it is cut: what is cut is what is sent, the status annotation
+            // and the log included.
+            if let Cow::Owned(escaped) = echo::printable(&denial.message) {
+                denial.message = escaped;
+            }
             if let Cow::Owned(cut) = echo::reasons(&denial.message, echo::MESSAGE_LIMIT) {
                 denial.message = cut;
             }
@@ -612,6 +618,50 @@ mod tests {
             "{again:?}"
         );
         assert!(again.patch().is_none() && again.allowed());
+    }
+
+    /// Control characters and line or direction marks a pod put in its annotations' keys
+    /// and values reach no refusal, warning or status annotation as they are.
+    #[test]
+    fn control_characters_of_a_pod_are_escaped_in_every_answer() {
+        let unsafe_text = "a\nb\u{2028}c\u{1b}[31md\u{202e}e";
+        let raw = |s: &str| s.chars().any(crate::echo::is_unsafe);
+        let key = format!("ephemeral-volumes.io/{unsafe_text}");
+        let value = format!("type=emptyDir,mountPath=/s,size={unsafe_text}");
+        for on_error in ["deny", "warn"] {
+            let cfg = Config::parse(&format!("onError: {on_error}")).unwrap();
+            let pod = json!({"metadata": {"annotations": {&key: &value,
+                                 format!("ephemeral-volume.io/{unsafe_text}"): "type=emptyDir,mountPath=/t"}},
+                             "spec": {"containers": [{"name": "c"}]}});
+            let (decision, patched) = run(&cfg, None, &pod);
+            let message = match &decision {
+                Decision::Denied(d) | Decision::AdmittedDespiteError { denial: d, .. } => {
+                    d.message.clone()
+                }
+                other => panic!("{other:?}"),
+            };
+            assert!(!raw(&message), "{message:?}");
+            assert!(message.contains("a\\nb\\u{2028}c\\u{1b}"), "{message}");
+            for w in decision.warnings() {
+                assert!(!raw(w), "{w:?}");
+            }
+            if on_error == "warn" {
+                let note = patched["metadata"]["annotations"][&cfg.error.key]
+                    .as_str()
+                    .unwrap();
+                assert!(!raw(note), "{note:?}");
+            }
+        }
+        // A pod that is admitted: its warnings (a near miss of the prefix) are escaped too.
+        let pod = json!({"metadata": {"annotations": {
+                             format!("ephemeral-volume.io/{unsafe_text}"): "type=emptyDir,mountPath=/t"}},
+                         "spec": {"containers": [{"name": "c"}]}});
+        let (decision, _) = run(&Config::default(), None, &pod);
+        assert!(!decision.warnings().is_empty(), "{decision:?}");
+        for w in decision.warnings() {
+            assert!(!raw(w), "{w:?}");
+            assert!(w.contains("\\u{2028}"), "{w}");
+        }
     }
 
     /// One annotation, every mistake in one answer: its fields, its values (a misspelt key

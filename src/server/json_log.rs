@@ -116,7 +116,8 @@ fn string(w: &mut Writer<'_>, text: fmt::Arguments<'_>) -> fmt::Result {
 }
 
 /// Escapes what is written through it for the inside of a JSON string (RFC 8259: the quote,
-/// the backslash and the control characters).
+/// the backslash and the control characters; and U+2028 and U+2029, which JSON allows raw but
+/// which end a line for JavaScript and many log viewers).
 struct Escaped<'a, 'w>(&'a mut Writer<'w>);
 
 impl fmt::Write for Escaped<'_, '_> {
@@ -130,6 +131,15 @@ impl fmt::Write for Escaped<'_, '_> {
                 b'\r' => "\\r",
                 b'\t' => "\\t",
                 0..=0x1f => "",
+                // The first byte of U+2028 (E2 80 A8) or U+2029 (E2 80 A9).
+                0xe2 if matches!(s.as_bytes().get(i + 1..i + 3), Some([0x80, 0xa8 | 0xa9])) => {
+                    self.0.write_str(&s[plain..i])?;
+                    let last = s.as_bytes()[i + 2];
+                    self.0
+                        .write_str(if last == 0xa8 { "\\u2028" } else { "\\u2029" })?;
+                    plain = i + 3;
+                    continue;
+                }
                 _ => continue,
             };
             // Only ASCII bytes are escaped: `i` is always on a character boundary.
@@ -233,6 +243,20 @@ mod tests {
         assert_eq!(ours[1]["whole"], json!(1.0));
         assert_eq!(ours[2]["level"], "DEBUG");
         assert_eq!(ours[2]["target"], module_path!());
+    }
+
+    #[test]
+    fn line_and_paragraph_separators_are_escaped_like_control_characters() {
+        let text = raw(true, || {
+            tracing::info!(name = "a\u{2028}b\u{2029}c\nd", "mutated\u{2028}")
+        });
+        assert!(
+            !text.trim_end().contains(['\n', '\u{2028}', '\u{2029}']),
+            "{text:?}"
+        );
+        assert!(text.contains(r#""name":"a\u2028b\u2029c\nd""#), "{text}");
+        let line: Value = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(line["name"], "a\u{2028}b\u{2029}c\nd");
     }
 
     #[test]
