@@ -841,6 +841,9 @@ async fn connections_that_make_no_progress_are_cut_and_the_webhook_recovers() {
                 held.push(h);
             }
         }
+        // (Once the webhook has read what the holders sent: before, a holder whose headers
+        // are not read yet is a connection without a request, and makes room.)
+        tokio::time::sleep(Duration::from_millis(300)).await;
         // During the attack, from another address: a normal client is answered within the
         // API server's timeout (10 s by default), in the place of a holder that is not in a
         // request, or once the bounds cut those that are; the replica stays ready.
