@@ -271,18 +271,18 @@ impl Config {
     /// listed, type errors included: each part of the file is read on its own.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let mut errors = Vec::new();
-        // YAML syntax, and keys given twice (which YAML forbids and serde would let pass,
-        // keeping the last), stop the reading: there is no document to read further.
+        // YAML syntax, nesting too deep to read, and keys given twice (which YAML forbids and
+        // serde would let pass, keeping the last), stop the reading: there is no document to
+        // read further.
         let syntax =
-            |e: yaml_serde::Error| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]);
-        crate::yaml_nesting::check(text)
-            .map_err(|e| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]))?;
-        let doc: Value = yaml_serde::from_str(text).map_err(syntax)?;
+            |e: &dyn std::fmt::Display| ConfigError::Invalid(vec![format!("not valid YAML: {e}")]);
+        crate::yaml_nesting::check(text).map_err(|e| syntax(&e))?;
+        let doc: Value = yaml_serde::from_str(text).map_err(|e| syntax(&e))?;
         // An empty file, or one with only comments, is the default configuration.
         let file = if doc.is_null() {
             file::FileConfig::default()
         } else {
-            yaml_serde::from_str::<validate::NoDuplicates>(text).map_err(syntax)?;
+            yaml_serde::from_str::<validate::NoDuplicates>(text).map_err(|e| syntax(&e))?;
             file::FileConfig::read(doc, &mut errors)
         };
         compile::compile(file, errors)

@@ -12,10 +12,11 @@
 //! make the idle bound the header bound; this module tracks the phases itself instead.
 //!
 //! When its port wants a slot, a connection that is not in a request (before its first one,
-//! or idle between requests) can be closed to make room ([`Activity::evict`]; the port chooses
-//! which, fairly between peers: see `listener`). At shutdown, an HTTP/1.1 connection that has not had its first request yet gets it answered
-//! (with `Connection: close`) within the header bound: the client sends it on a connection we
-//! accepted, and would otherwise read an EOF.
+//! or idle between requests) can be closed to make room ([`Activity::evict`]; the port
+//! chooses which, fairly between peers: see `listener`). At shutdown, an HTTP/1.1 connection
+//! that has not had its first request yet gets it answered (with `Connection: close`) within
+//! the header bound: the client sends it on a connection we accepted, and would otherwise
+//! read an EOF.
 
 use std::{
     convert::Infallible,

@@ -124,31 +124,30 @@ impl fmt::Write for Escaped<'_, '_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let mut plain = 0;
         for (i, b) in s.bytes().enumerate() {
-            let escape = match b {
-                b'"' => "\\\"",
-                b'\\' => "\\\\",
-                b'\n' => "\\n",
-                b'\r' => "\\r",
-                b'\t' => "\\t",
-                0..=0x1f => "",
+            // What to write instead, and how many bytes it replaces.
+            let (escape, len) = match b {
+                b'"' => ("\\\"", 1),
+                b'\\' => ("\\\\", 1),
+                b'\n' => ("\\n", 1),
+                b'\r' => ("\\r", 1),
+                b'\t' => ("\\t", 1),
+                0..=0x1f => ("", 1),
                 // The first byte of U+2028 (E2 80 A8) or U+2029 (E2 80 A9).
-                0xe2 if matches!(s.as_bytes().get(i + 1..i + 3), Some([0x80, 0xa8 | 0xa9])) => {
-                    self.0.write_str(&s[plain..i])?;
-                    let last = s.as_bytes()[i + 2];
-                    self.0
-                        .write_str(if last == 0xa8 { "\\u2028" } else { "\\u2029" })?;
-                    plain = i + 3;
-                    continue;
-                }
+                0xe2 => match s.as_bytes().get(i + 1..i + 3) {
+                    Some([0x80, 0xa8]) => ("\\u2028", 3),
+                    Some([0x80, 0xa9]) => ("\\u2029", 3),
+                    _ => continue,
+                },
                 _ => continue,
             };
-            // Only ASCII bytes are escaped: `i` is always on a character boundary.
+            // Each escaped character starts with an ASCII byte or 0xE2: `i` is always on a
+            // character boundary.
             self.0.write_str(&s[plain..i])?;
             match escape {
                 "" => write!(self.0, "\\u{b:04x}")?,
                 e => self.0.write_str(e)?,
             }
-            plain = i + 1;
+            plain = i + len;
         }
         self.0.write_str(&s[plain..])
     }
